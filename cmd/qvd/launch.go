@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// launchGrace is how long workers get to save and exit after SIGTERM before SIGKILL.
+const launchGrace = 30 * time.Second
+
+// cmdLaunch starts N local workers on 127.0.0.1 — the first as the coordinator
+// (`qvd train ... --nodes N --bind`), the others with `qvd join` — prefixes their output with
+// the rank, forwards Ctrl-C/SIGTERM to all of them, and exits non-zero with the first failing
+// worker's error. Like torchrun's standalone mode, but rendezvous goes through the same gossip
+// cluster a multi-machine job uses.
+func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("qvd launch", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nproc := fs.Int("nproc", 2, "number of local workers")
+	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
+	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: qvd launch --nproc N [--cluster-key-file F] [train flags: -c CONFIG ...]")
+		fs.PrintDefaults()
+	}
+	// launch's own flags come first; everything from the first flag it does not know is
+	// passed to the coordinator's `qvd train`.
+	own, rest := splitLaunchArgs(args)
+	if err := fs.Parse(own); err != nil {
+		return exitUsage
+	}
+	if *nproc < 1 || *nproc > 256 {
+		fmt.Fprintf(stderr, "qvd launch: --nproc must be in [1, 256], got %d\n", *nproc)
+		return exitUsage
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd launch: locating the qvd binary: %v\n", err)
+		return exitFailure
+	}
+	env := os.Environ()
+	if *keyFile == "" && os.Getenv(clusterKeyEnv) == "" {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			fmt.Fprintf(stderr, "qvd launch: generating a cluster key: %v\n", err)
+			return exitFailure
+		}
+		// Passed in the environment, not on the command line, so it does not show in ps.
+		env = append(env, clusterKeyEnv+"="+hex.EncodeToString(key))
+	}
+	env = shareCores(env, *nproc)
+	port, err := freePort(*host)
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd launch: %v\n", err)
+		return exitFailure
+	}
+	coord := net.JoinHostPort(*host, strconv.Itoa(port))
+	var common []string
+	if *keyFile != "" {
+		common = append(common, "--cluster-key-file", *keyFile)
+	}
+	workers := make([]*launched, *nproc)
+	for i := range workers {
+		// Node names sort in launch order, so rank i is worker i (rendezvous gives the
+		// coordinator rank 0 and orders the rest by name).
+		name := fmt.Sprintf("launch-%03d", i)
+		var a []string
+		if i == 0 {
+			a = append([]string{"train"}, rest...)
+			a = append(a, "--nodes", strconv.Itoa(*nproc), "--bind", coord, "--node-name", name)
+		} else {
+			a = []string{"join", coord, "--bind", net.JoinHostPort(*host, "0"), "--node-name", name}
+		}
+		// Any free port: gossip port + 1 may be taken on a busy machine.
+		a = append(a, "--grpc-bind", net.JoinHostPort(*host, "0"))
+		a = append(a, common...)
+		workers[i] = &launched{rank: i, cmd: exec.Command(exe, a...)}
+		workers[i].cmd.Env = env
+	}
+	return runWorkers(ctx, workers, stdout, stderr)
+}
+
+// splitLaunchArgs separates launch's own flags from the train flags after them.
+func splitLaunchArgs(args []string) (own, rest []string) {
+	takes := map[string]bool{"nproc": true, "cluster-key-file": true, "host": true}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name := strings.TrimLeft(a, "-")
+		if eq := strings.IndexByte(name, '='); eq >= 0 {
+			name = name[:eq]
+			if takes[name] {
+				own = append(own, a)
+				continue
+			}
+		} else if takes[name] && strings.HasPrefix(a, "-") {
+			own = append(own, a)
+			if i+1 < len(args) {
+				own = append(own, args[i+1])
+				i++
+			}
+			continue
+		}
+		if name == "h" || name == "help" {
+			own = append(own, a)
+			continue
+		}
+		return own, args[i:]
+	}
+	return own, nil
+}
+
+type launched struct {
+	rank int
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	last []string // the worker's last stderr lines, for the failure report
+}
+
+func (w *launched) remember(line string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = append(w.last, line)
+	if len(w.last) > 5 {
+		w.last = w.last[1:]
+	}
+}
+
+// runWorkers starts the workers, relays their output, and supervises them.
+func runWorkers(ctx context.Context, workers []*launched, stdout, stderr io.Writer) int {
+	var outMu sync.Mutex
+	relay := func(w *launched, r io.Reader, dst io.Writer, keep bool, done ...*sync.WaitGroup) {
+		defer func() {
+			for _, d := range done {
+				d.Done()
+			}
+		}()
+		// A line too long for the scanner ends the scan: drain the rest so the worker
+		// never blocks on a full pipe and its exit can still be collected.
+		defer io.Copy(io.Discard, r)
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if keep {
+				w.remember(line)
+			}
+			outMu.Lock()
+			fmt.Fprintf(dst, "[rank %d] %s\n", w.rank, line)
+			outMu.Unlock()
+		}
+	}
+	type exit struct {
+		w   *launched
+		err error
+	}
+	exits := make(chan exit, len(workers))
+	var relays sync.WaitGroup
+	started := 0
+	for _, w := range workers {
+		so, err1 := w.cmd.StdoutPipe()
+		se, err2 := w.cmd.StderrPipe()
+		if err := errors.Join(err1, err2); err != nil {
+			fmt.Fprintf(stderr, "qvd launch: %v\n", err)
+			break
+		}
+		if err := w.cmd.Start(); err != nil {
+			fmt.Fprintf(stderr, "qvd launch: starting rank %d: %v\n", w.rank, err)
+			break
+		}
+		started++
+		// Wait closes the pipes once the process exits, so it may only be called after both
+		// relays have read to EOF; otherwise a failing worker's last words can be lost.
+		var own sync.WaitGroup
+		own.Add(2)
+		relays.Add(2)
+		go relay(w, so, stdout, false, &relays, &own)
+		go relay(w, se, stderr, true, &relays, &own)
+		go func(w *launched) {
+			own.Wait()
+			err := w.cmd.Wait()
+			exits <- exit{w, err}
+		}(w)
+	}
+	signalAll := func(sig syscall.Signal) {
+		for _, w := range workers {
+			if w.cmd.Process != nil && w.cmd.ProcessState == nil {
+				_ = w.cmd.Process.Signal(sig)
+			}
+		}
+	}
+	code := exitOK
+	var failed *exit
+	stopping := false
+	var kill <-chan time.Time
+	if started < len(workers) {
+		code, stopping = exitFailure, true
+		signalAll(syscall.SIGTERM)
+		kill = time.After(launchGrace)
+	}
+	for remaining := started; remaining > 0; {
+		select {
+		case e := <-exits:
+			remaining--
+			if e.err != nil && failed == nil && !stopping {
+				failed = &e
+				code = exitFailure
+				stopping = true
+				signalAll(syscall.SIGTERM)
+				kill = time.After(launchGrace)
+			}
+			if e.err != nil && code == exitOK {
+				code = exitFailure
+			}
+		case <-ctx.Done():
+			if !stopping {
+				stopping = true
+				outMu.Lock()
+				fmt.Fprintln(stderr, "qvd launch: stopping the workers (they save a checkpoint first)")
+				outMu.Unlock()
+				signalAll(syscall.SIGTERM)
+				kill = time.After(launchGrace)
+				code = exitInterrupted
+			}
+			ctx = context.Background() // report once
+		case <-kill:
+			signalAll(syscall.SIGKILL)
+			kill = nil
+		}
+	}
+	relays.Wait()
+	if failed != nil {
+		fmt.Fprintf(stderr, "qvd launch: rank %d failed (%v)", failed.w.rank, failed.err)
+		if len(failed.w.last) > 0 {
+			fmt.Fprintf(stderr, ":\n  %s", strings.Join(failed.w.last, "\n  "))
+		}
+		fmt.Fprintln(stderr)
+	}
+	return code
+}
+
+// freePort asks the kernel for a free TCP port on host. Another process could take it before
+// the coordinator binds it; the window is short and a clash fails loudly at bind.
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port on %s: %w", host, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// shareCores gives each of n local workers an equal share of the cores, as torchrun sets
+// OMP_NUM_THREADS: GOMAXPROCS for the Go runtime (the optimizer's and the collectives'
+// goroutines) and OPENBLAS_NUM_THREADS for the matrix products, unless the user set them.
+// Oversubscribed, idle Go processors spin and OpenBLAS threads busy-wait, stealing the cores
+// the other workers need: at 4 workers on 2 cores the all-reduce runs ~8% faster this way.
+func shareCores(env []string, n int) []string {
+	threads := strconv.Itoa(max(1, runtime.NumCPU()/n))
+	for _, k := range []string{"GOMAXPROCS", "OPENBLAS_NUM_THREADS"} {
+		if os.Getenv(k) == "" {
+			env = append(env, k+"="+threads)
+		}
+	}
+	return env
+}

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/qvd/qvd/cluster"
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/collective/grpcnet"
+	"github.com/qvd/qvd/collective/tcpnet"
+	"github.com/qvd/qvd/internal/memstat"
+	"github.com/qvd/qvd/internal/version"
+)
+
+// clusterKeyEnv names the environment variable that may hold the cluster key.
+const clusterKeyEnv = "QVD_CLUSTER_KEY"
+
+// loadClusterKey reads the cluster key from file, or else from $QVD_CLUSTER_KEY. The text
+// may be hex or base64 of 16, 24 or 32 bytes (AES-128/192/256), or those raw bytes.
+func loadClusterKey(file string) ([]byte, error) {
+	var text []byte
+	src := "$" + clusterKeyEnv
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("cluster key: %w", err)
+		}
+		text, src = b, file
+	} else if v := os.Getenv(clusterKeyEnv); v != "" {
+		text = []byte(v)
+	} else {
+		return nil, fmt.Errorf("cluster key: none given: use --cluster-key-file FILE or set %s (make one with `qvd keygen`)", clusterKeyEnv)
+	}
+	key, err := parseKey(text)
+	if err != nil {
+		return nil, fmt.Errorf("cluster key from %s: %w", src, err)
+	}
+	return key, nil
+}
+
+func parseKey(text []byte) ([]byte, error) {
+	okLen := func(b []byte) bool { return len(b) == 16 || len(b) == 24 || len(b) == 32 }
+	t := bytes.TrimSpace(text)
+	if b, err := hex.DecodeString(string(t)); err == nil && okLen(b) {
+		return b, nil
+	}
+	if b, err := base64.StdEncoding.DecodeString(string(t)); err == nil && okLen(b) {
+		return b, nil
+	}
+	if okLen(text) {
+		return text, nil
+	}
+	return nil, errors.New("want 16, 24 or 32 bytes, as hex, base64 or raw (make one with `qvd keygen`)")
+}
+
+// memberFlags are the per-node settings of `train --nodes` and `join`.
+type memberFlags struct {
+	bind, grpcBind, advertise, nodeName, keyFile string
+}
+
+// member is this process's place in a cluster: the gossip node, the gRPC server (control
+// plane and the gRPC data path), and the raw-TCP data-plane listener.
+type member struct {
+	node   *cluster.Node
+	key    []byte
+	server *grpc.Server
+	hub    *grpcnet.Hub
+	tcp    *tcpnet.Listener
+	log    *zap.Logger
+
+	wg      sync.WaitGroup
+	stop    chan struct{}
+	closeMu sync.Once
+}
+
+// startMember starts the gRPC server and data listener on the gossip bind host (gRPC on the
+// gossip port + 1 unless the gossip port is 0), then the gossip node advertising them.
+func startMember(ccfg cluster.Config, role, job string, f memberFlags, log *zap.Logger) (*member, error) {
+	key, err := loadClusterKey(f.keyFile)
+	if err != nil {
+		return nil, err
+	}
+	if f.bind != "" {
+		ccfg.Bind = f.bind
+	}
+	if f.advertise != "" {
+		ccfg.Advertise = f.advertise
+	}
+	if f.nodeName != "" {
+		ccfg.NodeName = f.nodeName
+	}
+	if ccfg.NodeName == "" {
+		ccfg.NodeName = cluster.DefaultConfig().NodeName
+	}
+	ccfg.Key = key
+	if err := ccfg.Validate(); err != nil {
+		return nil, err
+	}
+	host, portStr, err := net.SplitHostPort(ccfg.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("--bind %q: %w", ccfg.Bind, err)
+	}
+	gport, _ := strconv.Atoi(portStr)
+	grpcBind := f.grpcBind
+	if grpcBind == "" {
+		grpcPort := 0
+		if gport != 0 {
+			grpcPort = gport + 1
+		}
+		grpcBind = net.JoinHostPort(host, strconv.Itoa(grpcPort))
+	}
+	adv := advertiseHost(host, ccfg.Advertise)
+
+	m := &member{key: key, log: log, stop: make(chan struct{})}
+	lis, err := net.Listen("tcp", grpcBind)
+	if err != nil {
+		return nil, fmt.Errorf("gRPC listener: %w", err)
+	}
+	m.tcp, err = tcpnet.Listen(net.JoinHostPort(host, "0"), log)
+	if err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("data-plane listener: %w", err)
+	}
+	opts := append(cluster.ServerOptions(key), grpcnet.ServerOptions()...)
+	m.server = grpc.NewServer(opts...)
+	_, tcpPort, _ := net.SplitHostPort(m.tcp.Addr())
+	meta := cluster.Meta{
+		Version: version.Version, Role: role, Job: job, Rank: -1, Gen: uint64(time.Now().UnixNano()),
+		Memory: memstat.NewReader().Read().Available, // host memory; GPU memory joins with the GPU engine
+		GRPC:   net.JoinHostPort(adv, strconv.Itoa(lis.Addr().(*net.TCPAddr).Port)),
+		Data:   net.JoinHostPort(adv, tcpPort),
+	}
+	m.node, err = cluster.New(ccfg, meta, log)
+	if err != nil {
+		lis.Close()
+		m.tcp.Close()
+		return nil, err
+	}
+	m.node.Register(m.server)
+	m.hub = grpcnet.NewHub(m.server, log)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if err := m.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			log.Error("gRPC server stopped", zap.Error(err))
+		}
+	}()
+	log.Info("cluster member started", zap.String("name", m.node.LocalName()), zap.String("gossip", m.node.LocalAddr()),
+		zap.String("grpc", meta.GRPC), zap.String("data", meta.Data), zap.String("role", role))
+	return m, nil
+}
+
+// advertiseHost is the host others should dial: the advertise flag's, or the bind host, or
+// for a wildcard bind this machine's first non-loopback address.
+func advertiseHost(bindHost, advertise string) string {
+	if advertise != "" {
+		if h, _, err := net.SplitHostPort(advertise); err == nil {
+			return h
+		}
+		return advertise
+	}
+	ip := net.ParseIP(bindHost)
+	if bindHost != "" && (ip == nil || !ip.IsUnspecified()) {
+		return bindHost
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+				return n.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+// communicator builds the ring over the roster with the configured data path.
+func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collective.Config) (collective.Communicator, collective.Transport, error) {
+	var t collective.Transport
+	var err error
+	switch cfg.Transport {
+	case "tcp":
+		addrs := make([]string, len(r.Members))
+		for i, mm := range r.Members {
+			addrs[i] = mm.Data
+		}
+		t, err = m.tcp.Transport(ctx, tcpnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret})
+		if c, ok := t.(tcpnet.Connector); ok && err == nil && r.World > 1 {
+			// The ring talks to its two neighbours only; connect now so that an unreachable
+			// neighbour is reported at start, not at the first collective.
+			if err = c.Connect(ctx, (r.Rank+1)%r.World, (r.Rank-1+r.World)%r.World); err != nil {
+				t.Close()
+			}
+		}
+	default:
+		addrs := make([]string, len(r.Members))
+		for i, mm := range r.Members {
+			addrs[i] = mm.GRPC
+		}
+		t, err = m.hub.Transport(ctx, grpcnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret,
+			DialOptions: cluster.DialOptions(m.key)})
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s data path: %w", cfg.Transport, err)
+	}
+	ring, err := collective.NewRing(t, cfg)
+	if err != nil {
+		t.Close()
+		return nil, nil, err
+	}
+	return ring, t, nil
+}
+
+// watchPeers calls lost with a description whenever a member of the roster leaves or fails,
+// so collectives abort at once instead of waiting out their timeout.
+func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
+	ranks := map[string]int{}
+	for i, mm := range r.Members {
+		ranks[mm.Name] = i
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for {
+			select {
+			case <-m.stop:
+				return
+			case ev, ok := <-m.node.Events():
+				if !ok {
+					return
+				}
+				rank, in := ranks[ev.Member.Name]
+				if !in || (ev.Kind != cluster.Failed && ev.Kind != cluster.Left) || rank == r.Rank {
+					continue
+				}
+				how := "failed (no longer answers gossip)"
+				if ev.Kind == cluster.Left {
+					how = "left the cluster"
+				}
+				err := fmt.Errorf("rank %d (%s at %s) %s", rank, ev.Member.Name, ev.Member.Addr, how)
+				m.log.Error("lost a member of the job", zap.Error(err))
+				lost(err)
+			}
+		}
+	}()
+}
+
+// Close leaves the cluster gracefully and stops the servers; safe twice.
+func (m *member) Close() {
+	m.closeMu.Do(func() {
+		close(m.stop)
+		_ = m.node.Close()
+		m.hub.Close()
+		stopped := make(chan struct{})
+		go func() { m.server.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(2 * time.Second):
+			m.server.Stop()
+		}
+		m.tcp.Close()
+		m.wg.Wait()
+	})
+}
+
+// newJobID names a job: the run name and a random suffix.
+func newJobID(name string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	id := name + "-" + hex.EncodeToString(b[:])
+	if len(id) > 64 {
+		id = id[len(id)-64:]
+	}
+	return strings.Trim(id, "-")
+}

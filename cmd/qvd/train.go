@@ -1,0 +1,559 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"gopkg.in/yaml.v3"
+
+	"github.com/qvd/qvd/checkpoint"
+	"github.com/qvd/qvd/cluster"
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/blas"
+	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/internal/progress"
+	"github.com/qvd/qvd/internal/version"
+	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/trainer"
+)
+
+// runFlags are the flags shared by `train` and `config`: where the config comes from and the
+// fields a flag may override (flags win over the DeepSpeed JSON, which wins over the YAML).
+type runFlags struct {
+	fs                      *flag.FlagSet
+	config, deepspeed       string
+	micro, accum, epochs    int
+	precision, out          string
+	lr                      float64
+	seed                    uint64
+	maxSteps                int64
+	threads                 int
+	trainSubset, testSubset int
+	dataPath                string
+	transport               string
+}
+
+func newRunFlags(name string, stderr io.Writer) *runFlags {
+	f := &runFlags{fs: flag.NewFlagSet("qvd "+name, flag.ContinueOnError)}
+	fs := f.fs
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.config, "c", "", "config: a YAML file, or the name of an embedded config ("+fmt.Sprint(configs.Embedded())+"); default "+configs.DefaultName)
+	fs.StringVar(&f.config, "config", "", "same as -c")
+	fs.StringVar(&f.deepspeed, "deepspeed", "", "a DeepSpeed ds_config.json applied over the config")
+	fs.IntVar(&f.micro, "micro-batch", 0, "samples per forward/backward (train.micro_batch)")
+	fs.IntVar(&f.accum, "accum", 0, "micro-batches per optimizer step (train.accum)")
+	fs.StringVar(&f.precision, "precision", "", "fp32, fp16 or bf16 (train.precision)")
+	fs.IntVar(&f.epochs, "epochs", 0, "epochs to train (train.epochs)")
+	fs.Float64Var(&f.lr, "lr", 0, "base learning rate (optimizer.lr)")
+	fs.StringVar(&f.out, "out", "", "run directory for metrics, logs and checkpoints (run.out)")
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed for initialisation and data order (run.seed)")
+	fs.Int64Var(&f.maxSteps, "max-steps", 0, "stop after this many optimizer steps (train.max_steps)")
+	fs.IntVar(&f.threads, "threads", 0, "threads for BLAS and the optimizer (train.threads; 0 = all cores)")
+	fs.IntVar(&f.trainSubset, "train-subset", 0, "train on the first N samples only (data.train_subset)")
+	fs.IntVar(&f.testSubset, "test-subset", 0, "evaluate on the first N test samples only (data.test_subset)")
+	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
+	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc or tcp (collective.transport)")
+	return f
+}
+
+// resolve builds the run's configuration for one process.
+func (f *runFlags) resolve() (configs.Config, []string, error) { return f.resolveWorld(1) }
+
+// resolveWorld builds the run's configuration: defaults, YAML, DeepSpeed JSON, flags; then
+// derived defaults and validation, for a job of world processes.
+func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
+	name := f.config
+	if name == "" {
+		name = configs.DefaultName
+	}
+	cfg, err := configs.Load(name)
+	if err != nil {
+		return cfg, nil, err
+	}
+	var ds configs.DeepSpeedResult
+	if f.deepspeed != "" {
+		if ds, err = configs.LoadDeepSpeed(&cfg, f.deepspeed); err != nil {
+			return cfg, nil, err
+		}
+	}
+	f.fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "micro-batch":
+			cfg.Train.MicroBatch, ds.MicroSet = f.micro, true
+		case "accum":
+			cfg.Train.Accum, ds.AccumSet = f.accum, true
+		case "precision":
+			cfg.Train.Precision = f.precision
+		case "epochs":
+			cfg.Train.Epochs = f.epochs
+		case "lr":
+			cfg.Optimizer.LR = f.lr
+		case "out":
+			cfg.Run.Out = f.out
+		case "seed":
+			cfg.Run.Seed = f.seed
+		case "max-steps":
+			cfg.Train.MaxSteps = f.maxSteps
+		case "threads":
+			cfg.Train.Threads = f.threads
+			cfg.Optimizer.Threads = f.threads
+		case "train-subset":
+			cfg.Data.TrainSubset = f.trainSubset
+		case "test-subset":
+			cfg.Data.TestSubset = f.testSubset
+		case "data":
+			cfg.Data.Path = f.dataPath
+		case "transport":
+			cfg.Collective.Transport = f.transport
+		}
+	})
+	if err := ds.CheckBatch(&cfg, world); err != nil {
+		return cfg, nil, err
+	}
+	cfg.Resolve()
+	if err := cfg.Validate(); err != nil {
+		return cfg, nil, fmt.Errorf("%w:\n  %w", configs.ErrInvalid, err)
+	}
+	return cfg, ds.Warnings, nil
+}
+
+func cmdConfig(args []string, stdout, stderr io.Writer) int {
+	f := newRunFlags("config", stderr)
+	if err := f.fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	cfg, warns, err := f.resolve()
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd config: %v\n", err)
+		return exitUsage
+	}
+	for _, w := range warns {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
+	enc := yaml.NewEncoder(stdout)
+	enc.SetIndent(2)
+	if err := enc.Encode(cfg); err != nil {
+		fmt.Fprintf(stderr, "qvd config: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f := newRunFlags("train", stderr)
+	var o outputFlags
+	o.register(f.fs)
+	var resume string
+	var nodes int
+	var mf memberFlags
+	f.fs.StringVar(&resume, "resume", "", `continue from a checkpoint directory, or "auto" for the newest valid one in checkpoint.dir (none: start fresh)`)
+	f.fs.IntVar(&nodes, "nodes", 1, "number of processes in the job: > 1 makes this the coordinating member, which waits for nodes-1 `qvd join`s")
+	mf.register(f.fs)
+	if err := f.fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if f.fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "qvd train: unexpected argument %q (flags only)\n", f.fs.Arg(0))
+		return exitUsage
+	}
+	if nodes < 1 || nodes > 65535 {
+		fmt.Fprintf(stderr, "qvd train: --nodes must be in [1, 65535], got %d\n", nodes)
+		return exitUsage
+	}
+	cfg, warns, err := f.resolveWorld(nodes)
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd train: %v\n", err)
+		return exitUsage
+	}
+	j := &job{cfg: cfg, resume: resume, rank: 0, world: nodes, configName: orDefault(f.config)}
+	if code := o.setup(j, stdout, stderr); code != exitOK {
+		return code
+	}
+	defer j.closeLog()
+	for _, w := range warns {
+		j.log.Warn(w)
+	}
+	if nodes > 1 {
+		m, err := startMember(cfg.Cluster, cluster.RoleCoordinator, newJobID(cfg.Run.Name), mf, j.log)
+		if err != nil {
+			return j.fail(stderr, err)
+		}
+		defer m.Close()
+		text, err := yaml.Marshal(cfg)
+		if err != nil {
+			return j.fail(stderr, fmt.Errorf("encoding the job config: %w", err))
+		}
+		jobID := m.node.LocalMeta().Job
+		j.log.Info("waiting for workers", zap.Int("nodes", nodes), zap.String("job", jobID),
+			zap.String("join_with", "qvd join "+m.node.LocalAddr()))
+		roster, err := m.node.Coordinate(ctx, jobID, nodes, text)
+		if err != nil {
+			return j.fail(stderr, err)
+		}
+		if code := j.attach(ctx, m, roster, stderr); code != exitOK {
+			return code
+		}
+	}
+	return j.run(ctx, stdout, stderr)
+}
+
+// cmdJoin starts a worker: it joins the cluster through any member, receives the job's
+// configuration and its rank from the coordinator, and trains.
+func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("qvd join", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o outputFlags
+	o.register(fs)
+	var mf memberFlags
+	mf.register(fs)
+	dataPath := fs.String("data", "", "dataset directory on this machine (overrides the job's data.path)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: qvd join PEER [--bind ADDR] [--cluster-key-file F] [flags]\n\nPEER is the gossip address of any member (e.g. the coordinator's --bind).")
+		fs.PrintDefaults()
+	}
+	peer, ok := parseOneArg(fs, args)
+	if !ok {
+		return exitUsage
+	}
+	// Until the roster arrives the worker has no config: log to stderr only.
+	boot, err := newLogger(stderr, "", zapcore.InfoLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd join: %v\n", err)
+		return exitFailure
+	}
+	m, err := startMember(configs.Default().Cluster, cluster.RoleWorker, "", mf, boot.log)
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd join: %v\n", err)
+		return exitUsage
+	}
+	defer m.Close()
+	if err := joinWithRetry(ctx, m, peer, configs.Default().Cluster.RendezvousTimeout, boot.log); err != nil {
+		fmt.Fprintf(stderr, "qvd join: %v\n", err)
+		return exitFailure
+	}
+	boot.log.Info("joined; waiting for the coordinator's roster", zap.String("peer", peer))
+	roster, err := m.node.AwaitRoster(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd join: %v\n", err)
+		return exitFailure
+	}
+	cfg, err := configs.Parse(roster.Config, "the coordinator's config")
+	if err == nil && *dataPath != "" {
+		cfg.Data.Path = *dataPath
+	}
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd join: %v\n", err)
+		return exitUsage
+	}
+	j := &job{cfg: cfg, rank: roster.Rank, world: roster.World}
+	if code := o.setup(j, stdout, stderr); code != exitOK {
+		return code
+	}
+	defer j.closeLog()
+	if code := j.attach(ctx, m, roster, stderr); code != exitOK {
+		return code
+	}
+	return j.run(ctx, stdout, stderr)
+}
+
+// outputFlags control where a job's progress and logs go.
+type outputFlags struct {
+	logLevel string
+	quiet    bool
+}
+
+func (o *outputFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress line")
+}
+
+func (mf *memberFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&mf.bind, "bind", "", "gossip address host:port of this node (default cluster.bind, 0.0.0.0:7946); gRPC listens on port+1")
+	fs.StringVar(&mf.grpcBind, "grpc-bind", "", "gRPC address host:port (default: the --bind host, gossip port + 1; port 0 picks a free one)")
+	fs.StringVar(&mf.advertise, "advertise", "", "address other nodes should use to reach this one (default: derived from --bind)")
+	fs.StringVar(&mf.nodeName, "node-name", "", "this node's unique name (default: hostname and a random suffix)")
+	fs.StringVar(&mf.keyFile, "cluster-key-file", "", "file holding the cluster key (default: $"+clusterKeyEnv+")")
+}
+
+// job is one process's part of a training run.
+type job struct {
+	cfg         configs.Config
+	resume      string
+	rank, world int
+	configName  string
+	comm        collective.Communicator
+	transport   collective.Transport
+	member      *member
+	roster      *cluster.Roster
+
+	line     *progress.Line
+	log      *zap.Logger
+	closeLog func()
+}
+
+// setup creates the run directory (rank 0), the progress line (rank 0) and the logger.
+func (o *outputFlags) setup(j *job, stdout, stderr io.Writer) int {
+	var level zapcore.Level
+	if err := level.Set(o.logLevel); err != nil {
+		fmt.Fprintf(stderr, "qvd: --log-level: %v\n", err)
+		return exitUsage
+	}
+	logPath := ""
+	if j.rank == 0 {
+		if err := os.MkdirAll(j.cfg.Run.Out, 0o755); err != nil {
+			fmt.Fprintf(stderr, "qvd: creating run directory: %v\n", err)
+			return exitFailure
+		}
+		logPath = j.cfg.LogPath()
+	}
+	// Progress on stdout (rank 0 only); logs on stderr (through the progress line when both
+	// are the same terminal, so they do not interleave) and, on rank 0, as JSON in the run
+	// directory.
+	logOut := stderr
+	if !o.quiet && j.rank == 0 {
+		tty := false
+		if fo, ok := stdout.(*os.File); ok {
+			tty = progress.IsTerminal(fo)
+		}
+		j.line = progress.New(stdout, progress.Config{TTY: tty})
+		if fe, ok := stderr.(*os.File); ok && tty && progress.IsTerminal(fe) {
+			logOut = j.line.LogWriter(stderr)
+		}
+	}
+	lg, err := newLogger(logOut, logPath, level)
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd: %v\n", err)
+		return exitFailure
+	}
+	j.log, j.closeLog = lg.log, lg.close
+	if j.world > 1 {
+		j.log = j.log.With(zap.Int("rank", j.rank))
+	}
+	return exitOK
+}
+
+// attach connects the job to its group: the communicator over the roster, and the
+// failure watcher.
+func (j *job) attach(ctx context.Context, m *member, r *cluster.Roster, stderr io.Writer) int {
+	j.member, j.roster = m, r
+	_ = m.node.UpdateMeta(func(meta *cluster.Meta) { meta.Rank = r.Rank; meta.Job = r.Job })
+	comm, t, err := m.communicator(ctx, r, j.cfg.Collective)
+	if err != nil {
+		return j.fail(stderr, err)
+	}
+	j.comm, j.transport = comm, t
+	j.log.Info("joined the job", zap.String("job", r.Job), zap.Int("world", r.World),
+		zap.String("transport", j.cfg.Collective.Transport))
+	return exitOK
+}
+
+func (j *job) fail(stderr io.Writer, err error) int {
+	j.log.Error("failed", zap.Error(err))
+	fmt.Fprintf(stderr, "qvd: %v\n", err)
+	if errors.Is(err, configs.ErrInvalid) {
+		return exitUsage
+	}
+	return exitFailure
+}
+
+// run trains and reports; every exit path releases the communicator.
+func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
+	defer func() {
+		if j.comm != nil {
+			j.comm.Close()
+			j.transport.Close()
+		}
+	}()
+	res, err := j.train(ctx)
+	switch {
+	case err == nil:
+	case res.Interrupted:
+		j.log.Warn("stopped by signal", zap.String("checkpoint", res.Checkpoint))
+		if j.rank == 0 {
+			fmt.Fprintf(stdout, "interrupted at step %d; resume with: qvd train -c %s --resume auto\n", res.Steps, j.configName)
+		}
+		return exitInterrupted
+	default:
+		return j.fail(stderr, fmt.Errorf("training failed: %w", err))
+	}
+	if j.rank != 0 {
+		j.log.Info("done", zap.Int64("steps", res.Steps))
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "done: %d steps (%.2f epochs), test accuracy %.4f, test loss %.4f\n", res.Steps, res.Epoch, res.TestAccuracy, res.TestLoss)
+	if res.Checkpoint != "" {
+		fmt.Fprintf(stdout, "checkpoint: %s\n", res.Checkpoint)
+	}
+	fmt.Fprintf(stdout, "metrics:    %s  (plot: qvd plot %s)\n", j.cfg.MetricsPath(), j.cfg.Run.Out)
+	return exitOK
+}
+
+func orDefault(c string) string {
+	if c == "" {
+		return configs.DefaultName
+	}
+	return c
+}
+
+// stepSink forwards metrics to the file (rank 0) and the training step to the gossip
+// metadata, so `qvd status` shows how far each member is.
+type stepSink struct {
+	file *metrics.Writer
+	node *cluster.Node
+}
+
+func (s stepSink) Write(r metrics.Record) error {
+	if s.node != nil && r.Kind == metrics.KindTrain {
+		s.node.SetStep(r.Step)
+	}
+	if s.file != nil {
+		return s.file.Write(r)
+	}
+	return nil
+}
+
+// train builds this process's trainer from the job and runs it.
+func (j *job) train(ctx context.Context) (trainer.Result, error) {
+	cfg, log := j.cfg, j.log
+	start := time.Now()
+	if cfg.Train.Threads > 0 {
+		blas.SetThreads(cfg.Train.Threads)
+	}
+	trainSet, testSet, err := data.Load(cfg.Data)
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	spec, err := model.NewSpec(cfg.Model, []int{trainSet.C, trainSet.H, trainSet.W}, trainSet.Classes)
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	layout := model.NewLayout(spec)
+	params := make([]float32, layout.Size)
+	model.Init(spec, layout, params, cfg.Run.Seed)
+	net, err := model.New(spec, layout, params, model.Options{MicroBatch: cfg.Train.MicroBatch, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format()})
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	defer net.Close()
+	log.Info("qvd", zap.String("version", version.Version), zap.String("run", cfg.Run.Name), zap.String("out", cfg.Run.Out),
+		zap.String("model", spec.String()), zap.Int("params", layout.NumParams()), zap.String("blas", blas.Use()),
+		zap.Int("train_samples", trainSet.N), zap.Int("test_samples", testSet.N))
+	if cfg.Zero.Stage != 0 || cfg.Zero.OffloadOptimizer.Device == "cpu" {
+		log.Info("zero_optimization: stages 1-2 and offload arrive with the ZeRO milestone; training as stage 0",
+			zap.Int("stage", cfg.Zero.Stage), zap.String("offload", cfg.Zero.OffloadOptimizer.Device))
+	}
+
+	var from *checkpoint.Checkpoint
+	if j.resume != "" && j.rank == 0 {
+		c, skipped, err := checkpoint.Resolve(j.resume, cfg.Checkpoint.Dir)
+		for _, s := range skipped {
+			log.Warn("skipping a checkpoint that failed verification", zap.Error(s))
+		}
+		switch {
+		case err == nil:
+			from = c
+		case j.resume == "auto" && errors.Is(err, checkpoint.ErrNoCheckpoint):
+			log.Info("no checkpoint to resume from; starting fresh", zap.String("dir", cfg.Checkpoint.Dir))
+		default:
+			return trainer.Result{}, fmt.Errorf("--resume %s: %w", j.resume, err)
+		}
+	}
+	sink := stepSink{}
+	if j.member != nil {
+		sink.node = j.member.node
+	}
+	if j.rank == 0 {
+		mw, err := metrics.Create(cfg.MetricsPath(), from != nil)
+		if err != nil {
+			return trainer.Result{}, err
+		}
+		defer mw.Close()
+		sink.file = mw
+	}
+	setup := trainer.Setup{
+		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Checkpoint: cfg.Checkpoint,
+		Seed: cfg.Run.Seed, Model: net, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
+		Resume: from, ConfigSnapshot: cfg, Metrics: sink, Logger: log, Comm: j.comm,
+	}
+	if j.line != nil {
+		setup.Progress = j.line
+	}
+	t, err := trainer.New(setup)
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	defer t.Close()
+	if j.member != nil {
+		j.member.watchPeers(j.roster, t.Abort)
+	}
+	res, err := t.Run(ctx)
+	log.Info("finished", zap.Duration("elapsed", time.Since(start).Round(time.Millisecond)), zap.Int64("steps", res.Steps),
+		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64s("epoch_seconds", res.EpochSeconds), zap.Int64("skipped_steps", res.Skipped))
+	return res, err
+}
+
+type logger struct {
+	log   *zap.Logger
+	close func()
+}
+
+// newLogger logs human-readable lines to w and, if path is not empty, JSON lines to path.
+func newLogger(w io.Writer, path string, level zapcore.Level) (logger, error) {
+	console := zap.NewDevelopmentEncoderConfig()
+	console.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05")
+	console.EncodeCaller = nil
+	cores := []zapcore.Core{zapcore.NewCore(zapcore.NewConsoleEncoder(console), zapcore.AddSync(w), level)}
+	var file *os.File
+	if path != "" {
+		var err error
+		if file, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+			return logger{}, fmt.Errorf("opening log file: %w", err)
+		}
+		jsonCfg := zap.NewProductionEncoderConfig()
+		jsonCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+		cores = append(cores, zapcore.NewCore(zapcore.NewJSONEncoder(jsonCfg), zapcore.AddSync(file), zapcore.DebugLevel))
+	}
+	log := zap.New(zapcore.NewTee(cores...))
+	return logger{log: log, close: func() {
+		_ = log.Sync()
+		if file != nil {
+			_ = file.Close()
+		}
+	}}, nil
+}
+
+// joinWithRetry joins through peer, retrying while the peer is not up yet (workers are often
+// started before, or at the same time as, the coordinator), for up to patience. A refusal —
+// wrong key, incompatible version — is final.
+func joinWithRetry(ctx context.Context, m *member, peer string, patience time.Duration, log *zap.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, patience)
+	defer cancel()
+	wait := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := m.node.Join(ctx, peer)
+		if err == nil || errors.Is(err, cluster.ErrKeyMismatch) || errors.Is(err, cluster.ErrIncompatibleVersion) {
+			return err
+		}
+		if attempt == 1 {
+			log.Info("peer not reachable yet; retrying", zap.String("peer", peer), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no answer from %s within %v: %w", peer, patience, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}

@@ -1,0 +1,31 @@
+// Package collective implements qvd's collective operations — all-reduce, reduce-scatter,
+// all-gather, broadcast and barrier over float32 buffers — as ring algorithms written
+// against a small frame Transport, so the same schedule runs over an in-process transport in
+// tests and over gRPC streams or raw TCP in production.
+//
+// Algorithms. AllReduce is the bandwidth-optimal ring of Patarasuk & Yuan (2009) as used in
+// Baidu's ring all-reduce and NCCL: a reduce-scatter followed by an all-gather, each rank
+// sending 2(N-1)/N of the buffer. Each rank's share is cut into pieces (Config.ChunkBytes)
+// so sending, receiving and reducing overlap (pipelining). Every rank only ever sends to
+// rank+1 and receives from rank-1.
+//
+// Element types. Buffers are []float32 in memory; Call.Wire chooses what goes on the wire:
+// fp32, fp16 or bf16 (half the bytes). Reductions always add in fp32: a received 16-bit
+// value is widened and added into the fp32 buffer, and partial sums are rounded to the wire
+// format only when they are sent. After a reduction, the owner of each shard rounds it to
+// the wire format before the all-gather, so every rank ends with identical bits.
+//
+// Failure. Every call takes a context, and a peer that sends nothing for Config.Timeout, or
+// whose connection breaks, fails the call with a *PeerError naming that rank and its address
+// — never a hang. A rank whose call fails sends an abort frame to its successor, so the
+// failure travels round the ring in milliseconds instead of every rank waiting out its own
+// timeout.
+//
+// Concurrency. Calls issued one at a time in the same order on every rank need no tags.
+// Calls that run concurrently must each carry a distinct Call.Tag, the same on every rank.
+//
+// Implementations. Ring (ring.go, call.go, dispatch.go) is the Communicator over any
+// Transport; the schedules it runs are pure arithmetic in schedule.go. NewInproc (inproc.go)
+// is an in-process Transport with fault injection (delay, drop, partition, kill) for tests.
+// Package collectivetest is the conformance suite every Communicator implementation runs.
+package collective

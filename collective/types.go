@@ -1,0 +1,170 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/qvd/qvd/internal/half"
+)
+
+// Op is a reduction.
+type Op uint8
+
+// Reductions. Avg is Sum divided by the group size (in fp32, before rounding to the wire).
+const (
+	Sum Op = iota + 1
+	Avg
+	Max
+)
+
+func (o Op) String() string {
+	switch o {
+	case Sum:
+		return "sum"
+	case Avg:
+		return "avg"
+	case Max:
+		return "max"
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// Call carries the per-call options.
+type Call struct {
+	// Tag identifies the call among concurrent ones: calls that may overlap must use
+	// distinct tags, the same on every rank, below MaxUserTag. 0 means the next tag of the
+	// communicator's sequence, which is right when calls are made one at a time in the same
+	// order on every rank.
+	Tag uint64
+	// Wire is the element type sent (half.FP32, FP16 or BF16). The zero value is FP32.
+	Wire half.Format
+}
+
+// MaxUserTag bounds explicit tags; tags at or above it are the automatic sequence.
+const MaxUserTag = 1 << 62
+
+// Shards partitions a buffer of Shards[len-1] elements among ranks: rank r owns
+// [s[r], s[r+1]). len(s) is the group size + 1, s[0] = 0, and s is non-decreasing (a shard
+// may be empty).
+type Shards []int
+
+// EvenShards splits n elements among size ranks as evenly as possible (the first n%size
+// ranks get one more).
+func EvenShards(n, size int) Shards {
+	s := make(Shards, size+1)
+	q, r := n/size, n%size
+	for i := 0; i < size; i++ {
+		s[i+1] = s[i] + q
+		if i < r {
+			s[i+1]++
+		}
+	}
+	return s
+}
+
+// Validate checks that s partitions n elements among size ranks.
+func (s Shards) Validate(n, size int) error {
+	if len(s) != size+1 {
+		return fmt.Errorf("collective: %d shard bounds for %d ranks, want %d", len(s), size, size+1)
+	}
+	if s[0] != 0 || s[size] != n {
+		return fmt.Errorf("collective: shards cover [%d, %d), buffer has %d elements", s[0], s[size], n)
+	}
+	for i := 0; i < size; i++ {
+		if s[i+1] < s[i] {
+			return fmt.Errorf("collective: shard %d is [%d, %d): bounds must not decrease", i, s[i], s[i+1])
+		}
+	}
+	return nil
+}
+
+// Communicator runs collectives among the ranks of one group. Every rank must make the
+// same calls with the same lengths, shards, ops, roots and wire types.
+type Communicator interface {
+	Rank() int
+	Size() int
+	// AllReduce reduces buf element-wise across ranks, in place: afterwards every rank holds
+	// the identical result.
+	AllReduce(ctx context.Context, buf []float32, op Op, c Call) error
+	// ReduceScatter reduces buf across ranks; afterwards buf[shards[r]:shards[r+1]] on rank
+	// r holds the reduced shard r. The rest of buf is scratch (its contents undefined).
+	ReduceScatter(ctx context.Context, buf []float32, shards Shards, op Op, c Call) error
+	// AllGather fills buf on every rank from each rank r's buf[shards[r]:shards[r+1]].
+	AllGather(ctx context.Context, buf []float32, shards Shards, c Call) error
+	// Broadcast copies root's buf to every rank.
+	Broadcast(ctx context.Context, buf []float32, root int, c Call) error
+	// Barrier returns once every rank has entered it.
+	Barrier(ctx context.Context) error
+	// Close releases the communicator (not the transport it was given); safe to call twice.
+	Close() error
+}
+
+// Config tunes a communicator. YAML under `collective:`.
+type Config struct {
+	// Transport is "grpc" (streams over the cluster's gRPC connections; the default) or "tcp"
+	// (a raw-TCP data plane authenticated through gRPC).
+	Transport string `yaml:"transport" json:"transport"`
+	// Timeout is how long a call waits for any frame from the peer it is receiving from
+	// before failing with an error naming it; a stalled or partitioned peer is detected this
+	// fast (a dead one, whose connection breaks, at once).
+	Timeout time.Duration `yaml:"timeout" json:"timeout"`
+	// ChunkBytes is the pipelining piece size on the wire.
+	ChunkBytes int `yaml:"chunk_bytes" json:"chunk_bytes"`
+}
+
+// DefaultConfig: gRPC, 20 s timeout, 512 KiB pieces (the range 256 KiB–1 MiB measured best
+// for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md).
+func DefaultConfig() Config {
+	return Config{Transport: "grpc", Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
+}
+
+// Validate checks the fields; errors name the field.
+func (c Config) Validate() error {
+	switch {
+	case c.Transport != "grpc" && c.Transport != "tcp" && c.Transport != "inproc":
+		return fmt.Errorf("transport: must be grpc or tcp (inproc in tests), got %q", c.Transport)
+	case c.Timeout < 100*time.Millisecond || c.Timeout > time.Hour:
+		return fmt.Errorf("timeout: must be between 100ms and 1h, got %v", c.Timeout)
+	case c.ChunkBytes < 4<<10 || c.ChunkBytes > 64<<20:
+		return fmt.Errorf("chunk_bytes: must be between 4 KiB and 64 MiB, got %d", c.ChunkBytes)
+	}
+	return nil
+}
+
+// Errors callers test for.
+var (
+	// ErrProtocol: a peer sent a frame that does not fit the call (wrong length, element
+	// type, tag, step or offset, or a malformed header).
+	ErrProtocol = errors.New("collective: protocol violation")
+	// ErrTimeout: no frame arrived from a peer within Config.Timeout.
+	ErrTimeout = errors.New("collective: peer timed out")
+	// ErrPeerGone: the connection to a peer broke or was closed.
+	ErrPeerGone = errors.New("collective: peer connection lost")
+	// ErrAborted: another rank failed the call and sent an abort round the ring.
+	ErrAborted = errors.New("collective: aborted by another rank")
+	// ErrClosed: the communicator or transport is closed.
+	ErrClosed = errors.New("collective: closed")
+)
+
+// PeerError is a failure attributed to one rank.
+type PeerError struct {
+	Rank int    // the rank at fault (for an abort: the rank that failed first)
+	Addr string // its address, when known
+	Op   string // the call, e.g. "all-reduce (tag 7)"
+	Err  error  // ErrTimeout, ErrPeerGone, ErrProtocol, ErrAborted, a context error, ...
+}
+
+func (e *PeerError) Error() string {
+	who := fmt.Sprintf("rank %d", e.Rank)
+	if e.Addr != "" {
+		who += " (" + e.Addr + ")"
+	}
+	if e.Op == "" {
+		return fmt.Sprintf("collective: %s: %v", who, e.Err)
+	}
+	return fmt.Sprintf("collective %s: %s: %v", e.Op, who, e.Err)
+}
+
+func (e *PeerError) Unwrap() error { return e.Err }

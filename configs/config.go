@@ -1,0 +1,129 @@
+// Package configs is qvd's run configuration: the YAML schema that composes each package's
+// Config, its defaults and validation, the embedded example configs, and the mapping from a
+// DeepSpeed ds_config.json.
+//
+// Precedence, lowest first: built-in defaults, the YAML file (-c), the DeepSpeed JSON
+// (--deepspeed), command-line flags. Unknown YAML keys and unsupported DeepSpeed keys are
+// errors naming the key; every value is validated with an error naming the field.
+package configs
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+
+	"github.com/qvd/qvd/checkpoint"
+	"github.com/qvd/qvd/cluster"
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/trainer"
+	"github.com/qvd/qvd/zero"
+)
+
+// Config is one run's whole configuration.
+type Config struct {
+	Run        RunConfig              `yaml:"run" json:"run"`
+	Model      model.Config           `yaml:"model" json:"model"`
+	Data       data.Config            `yaml:"data" json:"data"`
+	Train      trainer.Config         `yaml:"train" json:"train"`
+	Optimizer  offload.Config         `yaml:"optimizer" json:"optimizer"`
+	Scheduler  trainer.ScheduleConfig `yaml:"scheduler" json:"scheduler"`
+	FP16       trainer.ScalerConfig   `yaml:"fp16" json:"fp16"`
+	Checkpoint checkpoint.Config      `yaml:"checkpoint" json:"checkpoint"`
+	Zero       zero.Config            `yaml:"zero_optimization" json:"zero_optimization"`
+	// Cluster tunes gossip and rendezvous for multi-node jobs. node_name, bind and advertise
+	// are per node: a worker takes them from its own flags, never from the job's config.
+	Cluster    cluster.Config    `yaml:"cluster" json:"cluster"`
+	Collective collective.Config `yaml:"collective" json:"collective"`
+}
+
+// RunConfig names the run and says where its outputs go.
+type RunConfig struct {
+	Name string `yaml:"name" json:"name"`
+	// Out is the run directory: metrics.jsonl, train.log and checkpoints/ go there.
+	// Default runs/<name>.
+	Out  string `yaml:"out" json:"out"`
+	Seed uint64 `yaml:"seed" json:"seed"`
+}
+
+// Default returns the built-in defaults: the Fashion-MNIST MLP.
+func Default() Config {
+	return Config{
+		Run:        RunConfig{Name: "qvd", Seed: 42},
+		Model:      model.DefaultConfig(),
+		Data:       data.DefaultConfig(),
+		Train:      trainer.DefaultConfig(),
+		Optimizer:  offload.DefaultConfig(),
+		Scheduler:  trainer.DefaultScheduleConfig(),
+		FP16:       trainer.DefaultScalerConfig(),
+		Checkpoint: checkpoint.DefaultConfig(),
+		Cluster:    clusterDefaults(),
+		Collective: collective.DefaultConfig(),
+		Zero:       zero.DefaultConfig(),
+	}
+}
+
+var runName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// Validate checks every section; the error names the field as section.field.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(section string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s.%w", section, err))
+		}
+	}
+	if !runName.MatchString(c.Run.Name) {
+		errs = append(errs, fmt.Errorf("run.name: must be 1-128 letters, digits, '.', '_' or '-', got %q", c.Run.Name))
+	}
+	add("model", c.Model.Validate())
+	add("data", c.Data.Validate())
+	add("train", c.Train.Validate())
+	add("optimizer", c.Optimizer.Validate())
+	add("scheduler", c.Scheduler.Validate())
+	if c.Train.Precision == "fp16" {
+		add("fp16", c.FP16.Validate())
+	}
+	add("checkpoint", c.Checkpoint.Validate())
+	add("zero_optimization", c.Zero.Validate())
+	cc := c.Cluster
+	if cc.NodeName == "" {
+		cc.NodeName = "placeholder" // generated per process at start
+	}
+	if cc.Key == nil {
+		cc.Key = make([]byte, 32) // the key comes from a file or the environment, never the config
+	}
+	add("cluster", cc.Validate())
+	if c.Collective.Transport == "inproc" {
+		errs = append(errs, fmt.Errorf("collective.transport: must be grpc or tcp (inproc is for tests), got %q", c.Collective.Transport))
+	}
+	add("collective", c.Collective.Validate())
+	return errors.Join(errs...)
+}
+
+// Resolve fills the derived defaults: the run directory and the checkpoint directory.
+func (c *Config) Resolve() {
+	if c.Run.Out == "" {
+		c.Run.Out = filepath.Join("runs", c.Run.Name)
+	}
+	if c.Checkpoint.Dir == "" {
+		c.Checkpoint.Dir = filepath.Join(c.Run.Out, "checkpoints")
+	}
+}
+
+// MetricsPath is where the per-step metrics go.
+func (c *Config) MetricsPath() string { return filepath.Join(c.Run.Out, "metrics.jsonl") }
+
+// LogPath is where the structured (JSON) log goes, besides stderr.
+func (c *Config) LogPath() string { return filepath.Join(c.Run.Out, "train.log") }
+
+// clusterDefaults are cluster.DefaultConfig without the per-process node name (generated at
+// start, so that configs print and compare the same everywhere).
+func clusterDefaults() cluster.Config {
+	c := cluster.DefaultConfig()
+	c.NodeName = ""
+	return c
+}

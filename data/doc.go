@@ -1,0 +1,29 @@
+// Package data loads Fashion-MNIST (or MNIST) from its IDX files, decides which samples each
+// rank trains on, and fills caller-owned batches with normalised pixels.
+//
+// What it owns:
+//
+//   - Reading: Load reads the four standard IDX files from a directory (gzip or raw) into a
+//     Dataset that keeps pixels as uint8, four times smaller than float32; normalisation happens
+//     when a batch is filled. Files are checked, not trusted: a bad magic, a truncated or
+//     corrupt gzip stream, dimensions that disagree with the payload, absurd dimensions, counts
+//     that disagree between images and labels, and labels out of range are all errors wrapping
+//     ErrCorrupt and naming the file. A header is never trusted to size an allocation on its
+//     own, so a lying file cannot make the loader allocate far beyond the data it holds.
+//   - Sampling: Permutation, MicroBatch and StepsPerEpoch follow PyTorch's DistributedSampler
+//     with drop_last, arranged so that the training run does not depend on the number of
+//     ranks. Every rank computes the same epoch permutation from (seed, epoch); a step with
+//     global batch world·m·k consumes the next world·m·k positions; and micro-batch j of the
+//     step, taken over all ranks together, is exactly micro-batch j of size world·m that a
+//     single worker would draw. With gradients averaged over ranks, N workers therefore
+//     reproduce one worker's run.
+//   - Batches: Fill and FillRange write normalised pixels and labels into a Batch allocated
+//     once by NewBatch; they allocate nothing, so the step loop stays allocation-free.
+//
+// The trainer calls Load once at startup, Permutation once per epoch, MicroBatch and Fill once
+// per micro-batch, and FillRange during evaluation.
+//
+// Concurrency: a Dataset is read-only after Load, so any number of goroutines may Fill from
+// one Dataset at once as long as each fills its own Batch. Permutation, MicroBatch and
+// StepsPerEpoch are pure functions.
+package data

@@ -1,0 +1,34 @@
+// Package metrics defines the per-step metrics record that the trainer writes as JSON lines
+// (one object per line) and that `qvd plot` and users' own scripts read back.
+//
+// The file is append-only and line-oriented so a run that is killed leaves every completed
+// line readable, and so `jq`/pandas (`pd.read_json(path, lines=True)`) can load it directly.
+package metrics
+
+// Kinds of records.
+const (
+	KindTrain = "train" // one optimizer step
+	KindEval  = "eval"  // one evaluation pass over the test set
+)
+
+// Record is one line of the metrics file. Train records fill the step fields; eval records
+// fill Accuracy and Loss (mean test loss). Zero-valued optional fields are omitted.
+type Record struct {
+	Kind  string  `json:"kind"`
+	Time  float64 `json:"time"`  // seconds since the Unix epoch
+	Step  int64   `json:"step"`  // global optimizer step (1-based: the step just completed)
+	Epoch float64 `json:"epoch"` // fractional epoch: completed epochs + position in the current one
+	Loss  float64 `json:"loss"`  // train: mean micro-batch loss of the step; eval: mean test loss
+
+	LR            float64 `json:"lr,omitempty"`
+	Scale         float64 `json:"scale,omitempty"`     // loss scale in use for the step (fp16 only)
+	GradNorm      float64 `json:"grad_norm,omitempty"` // global L2 norm of the unscaled gradient, before clipping
+	SamplesPerSec float64 `json:"samples_per_sec,omitempty"`
+	Skipped       bool    `json:"skipped,omitempty"` // optimizer step skipped (fp16 overflow)
+
+	HeapBytes uint64 `json:"heap_bytes,omitempty"` // Go heap in use
+	RSSBytes  uint64 `json:"rss_bytes,omitempty"`  // resident set size of the process
+
+	Accuracy float64 `json:"accuracy,omitempty"` // eval only: fraction of test samples classified correctly
+	Samples  int     `json:"samples,omitempty"`  // eval only: number of test samples evaluated
+}

@@ -1,0 +1,7 @@
+//go:build !amd64 || purego
+
+package vec
+
+var impls = []impl{{"go", false}}
+
+func use(impl) (restore func()) { return func() {} }

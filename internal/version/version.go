@@ -1,0 +1,7 @@
+// Package version holds qvd's version string, recorded in checkpoints and logs, and later
+// compared between cluster members.
+package version
+
+// Version is qvd's release version; a build may override it with
+// -ldflags "-X github.com/qvd/qvd/internal/version.Version=...".
+var Version = "0.1.0-dev"

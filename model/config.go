@@ -1,0 +1,57 @@
+package model
+
+import (
+	"fmt"
+)
+
+// Model types.
+const (
+	TypeMLP = "mlp"
+	TypeCNN = "cnn"
+)
+
+// Config describes the network. YAML under `model:`.
+type Config struct {
+	// Type is "mlp" (flatten, then Hidden dense+ReLU layers, then the classifier) or "cnn"
+	// (for each of Channels: conv Kernel×Kernel with same padding + ReLU + 2×2 max-pool; then
+	// flatten, the Hidden dense+ReLU layers and the classifier).
+	Type     string `yaml:"type" json:"type"`
+	Hidden   []int  `yaml:"hidden" json:"hidden"`
+	Channels []int  `yaml:"channels" json:"channels"`
+	Kernel   int    `yaml:"kernel" json:"kernel"`
+}
+
+// DefaultConfig is the MLP 784-256-128-10 of the Fashion-MNIST baselines.
+func DefaultConfig() Config {
+	return Config{Type: TypeMLP, Hidden: []int{256, 128}, Kernel: 3}
+}
+
+// Validate checks the fields; errors name the field by its YAML name.
+func (c Config) Validate() error {
+	switch c.Type {
+	case TypeMLP:
+		if len(c.Channels) > 0 {
+			return fmt.Errorf("channels: only used by type cnn, got %v for type mlp", c.Channels)
+		}
+	case TypeCNN:
+		if len(c.Channels) == 0 {
+			return fmt.Errorf("channels: type cnn needs at least one conv block, e.g. [16, 32]")
+		}
+		for i, ch := range c.Channels {
+			if ch < 1 || ch > 4096 {
+				return fmt.Errorf("channels[%d]: must be in [1, 4096], got %d", i, ch)
+			}
+		}
+		if c.Kernel < 1 || c.Kernel%2 == 0 || c.Kernel > 11 {
+			return fmt.Errorf("kernel: must be odd and in [1, 11] (same padding), got %d", c.Kernel)
+		}
+	default:
+		return fmt.Errorf("type: unknown model type %q (want %s or %s)", c.Type, TypeMLP, TypeCNN)
+	}
+	for i, h := range c.Hidden {
+		if h < 1 || h > 1<<16 {
+			return fmt.Errorf("hidden[%d]: must be in [1, 65536], got %d", i, h)
+		}
+	}
+	return nil
+}

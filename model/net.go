@@ -1,0 +1,305 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/blas"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/vec"
+)
+
+// Options sizes the two graphs of a Net.
+type Options struct {
+	MicroBatch int         // samples per ForwardBackward
+	EvalBatch  int         // samples per Evaluate call (the last call of a pass may hold fewer)
+	Grad       half.Format // working precision gradients are rounded to
+}
+
+// EvalResult sums a forward-only pass over the valid rows of a batch.
+type EvalResult struct {
+	LossSum float64 // sum over samples of the cross-entropy loss
+	Correct int     // samples whose arg-max logit is the label
+	N       int     // samples evaluated
+}
+
+// Net is a Spec compiled into gorgonia graphs whose parameters are views of a flat buffer.
+type Net struct {
+	spec   *Spec
+	layout *Layout
+	params []float32
+	grad   half.Format
+	train  *graph
+	eval   *graph
+}
+
+// graph is one compiled gorgonia program at a fixed batch size.
+type graph struct {
+	bs     int
+	g      *G.ExprGraph
+	vm     G.VM
+	x, y   *G.Node
+	scale  *G.Node // nil for the evaluation graph
+	xbuf   []float32
+	ybuf   []float32 // one-hot labels, bs×classes (training graph only)
+	learn  G.Nodes   // parameter nodes, parallel to tensors
+	tidx   []int     // layout index of each learn node
+	lossV  G.Value   // mean cross-entropy (training graph)
+	logitV G.Value   // logits (evaluation graph)
+}
+
+// New compiles spec into a training graph at opt.MicroBatch and an evaluation graph at
+// opt.EvalBatch, both viewing params (len layout.Size), which the caller owns and may update
+// in place between calls.
+func New(spec *Spec, layout *Layout, params []float32, opt Options) (*Net, error) {
+	if len(params) != layout.Size {
+		return nil, fmt.Errorf("model: params has %d elements, layout needs %d", len(params), layout.Size)
+	}
+	if opt.MicroBatch < 1 || opt.EvalBatch < 1 {
+		return nil, fmt.Errorf("model: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
+	}
+	blas.Use()
+	n := &Net{spec: spec, layout: layout, params: params, grad: opt.Grad}
+	var err error
+	if n.train, err = n.build(opt.MicroBatch, true); err != nil {
+		return nil, fmt.Errorf("model: building training graph: %w", err)
+	}
+	if n.eval, err = n.build(opt.EvalBatch, false); err != nil {
+		n.train.close()
+		return nil, fmt.Errorf("model: building evaluation graph: %w", err)
+	}
+	return n, nil
+}
+
+func (n *Net) build(bs int, train bool) (gr *graph, err error) {
+	// gorgonia reports many construction errors by panicking (G.Must and shape checks);
+	// turn them into errors so a bad config never crashes the process.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("gorgonia: %v", r)
+		}
+	}()
+	s := n.spec
+	gr = &graph{bs: bs, g: G.NewGraph()}
+	in := prod(s.Input)
+	gr.xbuf = make([]float32, bs*in)
+	xshape := append([]int{bs}, s.Input...)
+	if s.Layers[0].Kind == Flatten {
+		xshape = []int{bs, in} // an MLP reads rows directly: no reshape op in the graph
+	}
+	gr.x = G.NewTensor(gr.g, G.Float32, len(xshape), G.WithShape(xshape...), G.WithName("x"),
+		G.WithValue(tensor.New(tensor.WithShape(xshape...), tensor.WithBacking(gr.xbuf))))
+
+	param := func(ti int, shape ...int) *G.Node {
+		t := n.layout.Tensors[ti]
+		v := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(n.params[t.Offset:t.Offset+t.Size]))
+		node := G.NewTensor(gr.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(t.Name), G.WithValue(v))
+		gr.learn = append(gr.learn, node)
+		gr.tidx = append(gr.tidx, ti)
+		return node
+	}
+
+	h := gr.x
+	for _, l := range s.Layers {
+		switch l.Kind {
+		case Dense:
+			w := param(l.Weight, l.In, l.Out)
+			b := param(l.Bias, 1, l.Out)
+			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, w)), b, nil, []byte{0}))
+		case Conv2D:
+			w := param(l.Weight, l.Out, l.In, l.Kernel, l.Kernel)
+			b := param(l.Bias, 1, l.Out, 1, 1)
+			h = G.Must(G.Conv2d(h, w, tensor.Shape{l.Kernel, l.Kernel}, []int{l.Pad, l.Pad}, []int{1, 1}, []int{1, 1}))
+			h = G.Must(G.BroadcastAdd(h, b, nil, []byte{0, 2, 3}))
+		case ReLU:
+			h = G.Must(G.Rectify(h))
+		case MaxPool2:
+			h = G.Must(G.MaxPool2D(h, tensor.Shape{2, 2}, []int{0, 0}, []int{2, 2}))
+		case Flatten:
+			if h.Shape().Dims() != 2 {
+				h = G.Must(G.Reshape(h, tensor.Shape{bs, prod(l.OutShape)}))
+			}
+		default:
+			return nil, fmt.Errorf("layer kind %v not supported", l.Kind)
+		}
+	}
+
+	if !train {
+		G.Read(h, &gr.logitV)
+		gr.vm = G.NewTapeMachine(gr.g)
+		return gr, nil
+	}
+
+	gr.ybuf = make([]float32, bs*s.Classes)
+	gr.y = G.NewMatrix(gr.g, G.Float32, G.WithShape(bs, s.Classes), G.WithName("y"),
+		G.WithValue(tensor.New(tensor.WithShape(bs, s.Classes), tensor.WithBacking(gr.ybuf))))
+	gr.scale = G.NewScalar(gr.g, G.Float32, G.WithName("loss_scale"), G.WithValue(float32(1)))
+	// Cross-entropy from log-softmax (numerically stable), mean over the micro-batch.
+	lsm := G.Must(G.LogSoftMax(h, 1))
+	ce := G.Must(G.Neg(G.Must(G.Mean(G.Must(G.Sum(G.Must(G.HadamardProd(lsm, gr.y)), 1))))))
+	G.Read(ce, &gr.lossV)
+	// The loss scale (fp16 loss scaling, and 1/accum for gradient accumulation) multiplies the
+	// loss inside the graph so every backward intermediate is scaled, as on a real fp16 device.
+	cost := G.Must(G.Mul(ce, gr.scale))
+	if _, err := G.Grad(cost, gr.learn...); err != nil {
+		return nil, fmt.Errorf("symbolic gradient: %w", err)
+	}
+	gr.vm = G.NewTapeMachine(gr.g, G.BindDualValues(gr.learn...))
+	return gr, nil
+}
+
+func (gr *graph) close() {
+	if gr != nil && gr.vm != nil {
+		gr.vm.Close()
+		gr.vm = nil
+	}
+}
+
+// run executes the graph once and resets the machine for the next run.
+func (gr *graph) run() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("model: graph execution panicked: %v", r)
+		}
+	}()
+	defer gr.vm.Reset()
+	return gr.vm.RunAll()
+}
+
+// Spec returns the network's specification.
+func (n *Net) Spec() *Spec { return n.spec }
+
+// Layout returns the flat parameter layout.
+func (n *Net) Layout() *Layout { return n.layout }
+
+// Params returns the flat parameter buffer the graphs view.
+func (n *Net) Params() []float32 { return n.params }
+
+// MicroBatch is the training graph's batch size.
+func (n *Net) MicroBatch() int { return n.train.bs }
+
+// EvalBatch is the evaluation graph's batch size.
+func (n *Net) EvalBatch() int { return n.eval.bs }
+
+// ErrBatch reports a batch that does not fit the graph.
+var ErrBatch = errors.New("model: batch does not match the graph")
+
+// ForwardBackward runs one micro-batch (b.N must equal MicroBatch) and adds the gradient of
+// loss×scale into grads (len Layout().Size), rounding the micro-batch gradient and the running
+// sum to the working precision — the semantics of `param.grad +=` on a half-precision device.
+// It returns the unscaled mean cross-entropy of the micro-batch.
+func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
+	gr := n.train
+	if b.N != gr.bs || b.SampleSize != prod(n.spec.Input) {
+		return 0, fmt.Errorf("%w: training graph takes %d samples of %d values, got %d of %d", ErrBatch, gr.bs, prod(n.spec.Input), b.N, b.SampleSize)
+	}
+	if len(grads) != n.layout.Size {
+		panic(fmt.Sprintf("model: grads has %d elements, layout needs %d", len(grads), n.layout.Size))
+	}
+	copy(gr.xbuf, b.X[:len(gr.xbuf)])
+	clear(gr.ybuf)
+	classes := n.spec.Classes
+	for i := 0; i < gr.bs; i++ {
+		y := int(b.Y[i])
+		if y < 0 || y >= classes {
+			return 0, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
+		}
+		gr.ybuf[i*classes+y] = 1
+	}
+	if err := G.Let(gr.scale, scale); err != nil {
+		return 0, fmt.Errorf("model: setting loss scale: %w", err)
+	}
+	if err := gr.run(); err != nil {
+		return 0, fmt.Errorf("model: forward/backward: %w", err)
+	}
+	for i, node := range gr.learn {
+		gv, err := node.Grad()
+		if err != nil {
+			return 0, fmt.Errorf("model: reading gradient of %s: %w", node.Name(), err)
+		}
+		src, ok := gv.Data().([]float32)
+		t := n.layout.Tensors[gr.tidx[i]]
+		if !ok || len(src) != t.Size {
+			return 0, fmt.Errorf("model: gradient of %s has unexpected type or size", t.Name)
+		}
+		accumulate(grads[t.Offset:t.Offset+t.Size], src, n.grad)
+		// gorgonia's tape machine adds each run's gradient into the node's dual value (its
+		// solvers zero it after every step); zero it so each call sees one micro-batch only.
+		clear(src)
+	}
+	loss, ok := gr.lossV.Data().(float32)
+	if !ok {
+		return 0, fmt.Errorf("model: loss has type %T, want float32", gr.lossV.Data())
+	}
+	return loss, nil
+}
+
+// accumulate adds src into dst in working precision f.
+func accumulate(dst, src []float32, f half.Format) {
+	src = src[:len(dst)]
+	if f == half.FP32 {
+		for i, g := range src {
+			dst[i] += g
+		}
+		return
+	}
+	vec.Round(src, f)
+	for i, g := range src {
+		dst[i] += g
+	}
+	vec.Round(dst, f)
+}
+
+// Evaluate runs the forward graph on the first b.N rows of b (b.N <= EvalBatch; padding rows
+// are computed but ignored) and sums their loss and correct predictions.
+func (n *Net) Evaluate(b *data.Batch) (EvalResult, error) {
+	gr := n.eval
+	if b.N < 0 || b.N > gr.bs || b.SampleSize != prod(n.spec.Input) {
+		return EvalResult{}, fmt.Errorf("%w: evaluation graph takes up to %d samples of %d values, got %d of %d", ErrBatch, gr.bs, prod(n.spec.Input), b.N, b.SampleSize)
+	}
+	copy(gr.xbuf, b.X[:b.N*b.SampleSize])
+	clear(gr.xbuf[b.N*b.SampleSize:])
+	if err := gr.run(); err != nil {
+		return EvalResult{}, fmt.Errorf("model: evaluation forward: %w", err)
+	}
+	logits, ok := gr.logitV.Data().([]float32)
+	classes := n.spec.Classes
+	if !ok || len(logits) != gr.bs*classes {
+		return EvalResult{}, fmt.Errorf("model: logits have unexpected type or size")
+	}
+	res := EvalResult{N: b.N}
+	for i := 0; i < b.N; i++ {
+		row := logits[i*classes : (i+1)*classes]
+		best, max := 0, row[0]
+		for c, v := range row {
+			if v > max {
+				best, max = c, v
+			}
+		}
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(float64(v - max))
+		}
+		y := int(b.Y[i])
+		if y < 0 || y >= classes {
+			return EvalResult{}, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
+		}
+		res.LossSum += math.Log(sum) - float64(row[y]-max)
+		if best == y {
+			res.Correct++
+		}
+	}
+	return res, nil
+}
+
+// Close releases the graphs' machines; safe to call twice.
+func (n *Net) Close() error {
+	n.train.close()
+	n.eval.close()
+	return nil
+}

@@ -1,0 +1,32 @@
+// Package offload implements the optimizers that update qvd's fp32 master weights — SGD (with
+// momentum and Nesterov), Adam and AdamW — over flat []float32 slices, plus the worker Pool that
+// runs those and the trainer's other flat-buffer passes (gradient norm, gradient scaling) in
+// parallel on the CPU.
+//
+// # Contract
+//
+// An Optimizer is built for a fixed length n: the whole flat parameter space, or one rank's
+// contiguous ZeRO shard [lo,hi) of it (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+// Training Trillion Parameter Models", 2020). It owns its state buffers (Adam's first and second
+// moments, SGD's momentum buffer), allocated once in New, and the worker goroutines of its Pool,
+// started in New and stopped by Close. The caller owns the parameter and gradient slices and
+// passes them to every Step; the optimizer keeps no reference to them between calls. Because the
+// state is just flat host memory stepped on the CPU, the same code is the host half of
+// ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", 2021).
+//
+// The update rules follow torch.optim (SGD, Adam, AdamW) operation for operation in float32,
+// with bias corrections computed once per step in float64; see the Optimizer docs for the
+// formulas. Explicit float32 conversions pin the rounding of every product so that no platform
+// fuses them into FMAs, which keeps results bit-identical across machines, thread counts and
+// runs: each element's update depends only on that element.
+//
+// Step, Pool.SumSquares and Pool.Scale do not allocate and start no goroutines: each Pool owns
+// Threads()-1 persistent workers that receive pre-sized tasks over per-worker channels while the
+// calling goroutine works on the first piece itself.
+//
+// # Concurrency
+//
+// An Optimizer is driven by one goroutine (the trainer's step loop); only Steps may be called
+// concurrently with the others. Pool methods are safe for concurrent use: they take turns. A
+// Ranger passed to Pool.Run must not call back into the same Pool.
+package offload

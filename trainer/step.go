@@ -1,0 +1,175 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/internal/progress"
+	"github.com/qvd/qvd/model"
+)
+
+// runStep performs one optimizer step: accum micro-batches, the gradient all-reduce, the
+// overflow check, unscale + clip, the optimizer, re-rounding the working weights. It reports
+// stop when any rank has been asked to stop (ctx cancelled); collectives run on cctx.
+func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, err error) {
+	start := t.clock.Now()
+	clear(t.grads)
+	scale := 1.0
+	if t.scaler != nil {
+		scale = t.scaler.Scale()
+	}
+	// The loss is divided by accum so the summed gradient is the mean over micro × accum
+	// samples; the loss scale rides on the same multiplier.
+	lossMul := float32(scale / float64(t.cfg.Accum))
+	var lossSum float64
+	for j := 0; j < t.cfg.Accum; j++ {
+		idx := data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, t.cfg.MicroBatch)
+		if err := t.train.Fill(t.batch, idx, t.norm); err != nil {
+			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
+		}
+		loss, err := t.model.ForwardBackward(t.batch, lossMul, t.grads)
+		if err != nil {
+			return false, fmt.Errorf("step %d, micro-batch %d: %w", t.step+1, j, err)
+		}
+		lossSum += float64(loss)
+	}
+	if err := t.reduceGrads(cctx); err != nil {
+		return false, fmt.Errorf("step %d: %w", t.step+1, err)
+	}
+	// The mean loss over all ranks (for logging) and the stop request travel together.
+	wantStop := 0.0
+	if ctx.Err() != nil {
+		wantStop = 1
+	}
+	sc := []float64{lossSum / float64(t.cfg.Accum), wantStop}
+	if err := t.reduceScalars(cctx, sc, collective.Sum); err != nil {
+		return false, fmt.Errorf("step %d: reducing the loss: %w", t.step+1, err)
+	}
+	loss := sc[0] / float64(t.world)
+	stop = sc[1] > 0
+
+	// One pass gives both the norm and the overflow check: any Inf/NaN makes the sum
+	// non-finite. Every rank holds the same gradient bits, so every rank decides alike.
+	sumsq := t.pool.SumSquares(t.grads)
+	overflow := math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
+	t.step++
+	t.offset += t.global
+	rec := metrics.Record{Kind: metrics.KindTrain, Step: t.step, Epoch: t.fracEpoch(), Loss: loss}
+	if t.scaler != nil {
+		rec.Scale = scale
+	}
+	if overflow {
+		if t.scaler == nil {
+			return false, fmt.Errorf("step %d: the gradient is not finite (loss %v) in %s: the run diverged; lower the learning rate or enable max_grad_norm",
+				t.step, loss, t.format)
+		}
+		_, changed := t.scaler.Update(true)
+		t.skipped++
+		rec.Skipped = true
+		t.log.Warn("fp16 gradient overflow: skipping the optimizer step",
+			zap.Int64("step", t.step), zap.Float64("scale", scale), zap.Float64("new_scale", t.scaler.Scale()), zap.Bool("scale_changed", changed))
+	} else {
+		norm := math.Sqrt(sumsq) / scale
+		gradScale := 1 / scale
+		if t.cfg.MaxGradNorm > 0 && norm > t.cfg.MaxGradNorm {
+			gradScale *= t.cfg.MaxGradNorm / (norm + 1e-6)
+		}
+		lr := t.optCfg.LR * t.sched.Factor(t.opt.Steps(), t.totalSteps)
+		t.opt.Step(t.master, t.grads, float32(lr), float32(gradScale))
+		if t.format != half.FP32 {
+			t.roundParams()
+		}
+		if t.scaler != nil {
+			if _, changed := t.scaler.Update(false); changed {
+				t.log.Info("loss scale grew", zap.Int64("step", t.step), zap.Float64("scale", t.scaler.Scale()))
+			}
+		}
+		rec.LR = lr
+		rec.GradNorm = norm
+	}
+	if (math.IsNaN(loss) || math.IsInf(loss, 0)) && t.scaler == nil {
+		return false, fmt.Errorf("step %d: the loss is %v: the run diverged", t.step, loss)
+	}
+	return stop, t.report(res, rec, start)
+}
+
+// report records a finished step in the metrics file and the progress line.
+func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error {
+	dt := t.clock.Now().Sub(start).Seconds()
+	if dt > 0 {
+		rec.SamplesPerSec = float64(t.global) / dt
+	}
+	if t.emaStep == 0 {
+		t.emaStep = dt
+	} else {
+		t.emaStep = 0.9*t.emaStep + 0.1*dt
+	}
+	snap := t.mem.Read()
+	rec.HeapBytes, rec.RSSBytes = snap.HeapInUse, snap.RSS
+	rec.Time = float64(t.clock.Now().UnixNano()) / 1e9
+	res.LastLoss = rec.Loss
+	if t.metrics != nil {
+		if err := t.metrics.Write(rec); err != nil {
+			return fmt.Errorf("writing metrics: %w", err)
+		}
+	}
+	if t.progress != nil {
+		st := progress.Status{Step: t.step, TotalSteps: t.totalSteps, Epoch: t.epoch + 1, Epochs: t.cfg.Epochs,
+			Loss: rec.Loss, LR: rec.LR, LossScale: rec.Scale, ETA: -1}
+		if t.emaStep > 0 {
+			st.SamplesPerSec = float64(t.global) / t.emaStep
+			st.ETA = time.Duration(float64(t.totalSteps-t.step) * t.emaStep * float64(time.Second))
+		}
+		t.progress.Update(st)
+	}
+	return nil
+}
+
+// evaluate runs the model over the test set; in a group each rank takes an even share of
+// the test samples and the sums are all-reduced.
+func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
+	shards := collective.EvenShards(t.test.N, t.world)
+	lo, hi := shards[t.rank], shards[t.rank+1]
+	var sum model.EvalResult
+	for start := lo; start < hi; start += t.cfg.EvalBatch {
+		count := min(t.cfg.EvalBatch, hi-start)
+		if err := t.test.FillRange(t.evalBatch, start, count, t.norm); err != nil {
+			return fmt.Errorf("evaluation: %w", err)
+		}
+		r, err := t.model.Evaluate(t.evalBatch)
+		if err != nil {
+			return fmt.Errorf("evaluation at step %d: %w", t.step, err)
+		}
+		sum.LossSum += r.LossSum
+		sum.Correct += r.Correct
+		sum.N += r.N
+	}
+	tot := []float64{sum.LossSum, float64(sum.Correct), float64(sum.N)}
+	if err := t.reduceScalars(cctx, tot, collective.Sum); err != nil {
+		return fmt.Errorf("evaluation at step %d: reducing results: %w", t.step, err)
+	}
+	n := tot[2]
+	if n == 0 {
+		return nil
+	}
+	res.TestAccuracy = tot[1] / n
+	res.TestLoss = tot[0] / n
+	t.log.Info("evaluation", zap.Int64("step", t.step), zap.Float64("epoch", t.fracEpoch()),
+		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64("test_loss", res.TestLoss), zap.Int("samples", int(n)))
+	if t.metrics != nil {
+		rec := metrics.Record{Kind: metrics.KindEval, Time: float64(t.clock.Now().UnixNano()) / 1e9, Step: t.step,
+			Epoch: t.fracEpoch(), Loss: res.TestLoss, Accuracy: res.TestAccuracy, Samples: int(n)}
+		if err := t.metrics.Write(rec); err != nil {
+			return fmt.Errorf("writing metrics: %w", err)
+		}
+	}
+	return nil
+}

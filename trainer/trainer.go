@@ -1,0 +1,414 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/qvd/qvd/checkpoint"
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/memstat"
+	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/internal/progress"
+	"github.com/qvd/qvd/internal/vec"
+	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/offload"
+)
+
+// Model is what the trainer trains. Parameters and gradients are flat buffers of
+// Layout().Size float32 with the same layout; the trainer owns the gradient buffer and the
+// fp32 master copy, the model owns the working-precision parameters its graph reads.
+type Model interface {
+	Layout() *model.Layout
+	// Params is the working-precision parameter buffer the model computes with.
+	Params() []float32
+	MicroBatch() int
+	EvalBatch() int
+	// ForwardBackward runs one micro-batch of exactly MicroBatch samples and adds the
+	// gradient of loss×scale into grads, in working precision; it returns the unscaled loss.
+	ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error)
+	// Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples.
+	Evaluate(b *data.Batch) (model.EvalResult, error)
+}
+
+// MetricsSink receives one record per optimizer step and per evaluation.
+type MetricsSink interface {
+	Write(metrics.Record) error
+}
+
+// ProgressSink shows the live progress line.
+type ProgressSink interface {
+	Update(progress.Status)
+	Done()
+}
+
+// Clock is the time source (a manual clock in tests).
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Setup is everything a Trainer is built from. Model, Train and Test are required; the
+// sinks, logger and clock default to no-ops and the wall clock.
+type Setup struct {
+	Config     Config
+	Schedule   ScheduleConfig
+	Scaler     ScalerConfig
+	Optimizer  offload.Config
+	Checkpoint checkpoint.Config // Dir "" disables checkpointing
+	Seed       uint64
+
+	Model       Model
+	Train, Test *data.Dataset
+	Normalize   data.Normalize
+
+	// Comm, if set, makes this trainer one rank of a data-parallel group: the global batch
+	// is split across ranks and gradients are averaged with all-reduce. Every rank must be
+	// given the same configuration.
+	Comm collective.Communicator
+
+	// Resume, if set, is the checkpoint to continue from. In a group only rank 0 reads it
+	// (and may be the only one with access to it); the state is broadcast to the others.
+	Resume *checkpoint.Checkpoint
+	// ConfigSnapshot is stored in every checkpoint's meta.json (the resolved run config).
+	ConfigSnapshot any
+
+	Metrics  MetricsSink
+	Progress ProgressSink
+	Logger   *zap.Logger
+	Clock    Clock
+}
+
+// Result summarises a run.
+type Result struct {
+	Steps          int64   // global steps completed (including skipped ones)
+	OptimizerSteps int64   // steps that updated the weights
+	Skipped        int64   // steps skipped on fp16 overflow
+	Epoch          float64 // fractional epochs completed
+	LastLoss       float64 // mean loss of the last step
+	TestAccuracy   float64 // last evaluation
+	TestLoss       float64
+	Checkpoint     string // path of the last checkpoint written ("" if none)
+	Interrupted    bool   // the context was cancelled; a checkpoint was written at the step boundary
+	EpochSeconds   []float64
+}
+
+// Trainer runs the single-worker training loop: micro-batches with gradient accumulation,
+// mixed precision with loss scaling, global-norm clipping, the LR schedule, the optimizer
+// step on fp32 master weights, evaluation and checkpoints.
+type Trainer struct {
+	cfg      Config
+	sched    ScheduleConfig
+	optCfg   offload.Config
+	ckptCfg  checkpoint.Config
+	seed     uint64
+	snapshot any
+
+	model  Model
+	layout *model.Layout
+	opt    offload.Optimizer
+	pool   *offload.Pool
+	format half.Format
+	scaler *Scaler // nil unless fp16
+
+	// master is the fp32 copy the optimizer updates; it is the model's own parameter buffer
+	// in fp32 (no second copy), a separate buffer for fp16/bf16.
+	master, params, grads []float32
+
+	train, test *data.Dataset
+	norm        data.Normalize
+	batch       *data.Batch
+	evalBatch   *data.Batch
+	perm        []int32
+
+	world, rank   int
+	comm          collective.Communicator // nil for a single worker
+	global        int                     // samples per optimizer step across all workers
+	stepsPerEpoch int
+	totalSteps    int64
+
+	// Position: the next step is global step `step`+1, reading the epoch-`epoch`
+	// permutation from position `offset`.
+	step    int64
+	epoch   int
+	offset  int
+	skipped int64
+
+	ckpt     *checkpoint.Manager
+	lastCkpt string
+	ckptStep int64
+
+	log      *zap.Logger
+	metrics  MetricsSink
+	progress ProgressSink
+	clock    Clock
+	mem      *memstat.Reader
+	emaStep  float64 // smoothed seconds per step, for ETA
+
+	scalarBuf    []float32 // for the small per-step all-reduces
+	abortMu      sync.Mutex
+	abort        context.CancelCauseFunc
+	pendingAbort error
+}
+
+// New builds a trainer; with s.Resume it restores weights, optimizer, scaler and data position.
+func New(s Setup) (*Trainer, error) {
+	if err := s.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("train.%w", err)
+	}
+	if err := s.Schedule.Validate(); err != nil {
+		return nil, fmt.Errorf("scheduler.%w", err)
+	}
+	if err := s.Optimizer.Validate(); err != nil {
+		return nil, fmt.Errorf("optimizer.%w", err)
+	}
+	if err := s.Checkpoint.Validate(); err != nil {
+		return nil, fmt.Errorf("checkpoint.%w", err)
+	}
+	if s.Model == nil || s.Train == nil || s.Test == nil {
+		return nil, errors.New("trainer: Setup needs Model, Train and Test")
+	}
+	cfg := s.Config
+	if s.Model.MicroBatch() != cfg.MicroBatch || s.Model.EvalBatch() != cfg.EvalBatch {
+		return nil, fmt.Errorf("trainer: model graphs are built for micro-batch %d / eval batch %d, config says %d / %d",
+			s.Model.MicroBatch(), s.Model.EvalBatch(), cfg.MicroBatch, cfg.EvalBatch)
+	}
+	t := &Trainer{
+		cfg: cfg, sched: s.Schedule, optCfg: s.Optimizer, ckptCfg: s.Checkpoint, seed: s.Seed, snapshot: s.ConfigSnapshot,
+		model: s.Model, layout: s.Model.Layout(), format: cfg.Format(),
+		train: s.Train, test: s.Test, norm: s.Normalize,
+		world: 1, rank: 0, comm: s.Comm,
+		log: s.Logger, metrics: s.Metrics, progress: s.Progress, clock: s.Clock,
+		mem: memstat.NewReader(), scalarBuf: make([]float32, 8),
+	}
+	if t.log == nil {
+		t.log = zap.NewNop()
+	}
+	if t.comm != nil {
+		t.world, t.rank = t.comm.Size(), t.comm.Rank()
+	}
+	if t.clock == nil {
+		t.clock = realClock{}
+	}
+	if t.format == half.FP16 {
+		if err := s.Scaler.Validate(); err != nil {
+			return nil, fmt.Errorf("fp16.%w", err)
+		}
+		t.scaler = NewScaler(s.Scaler)
+	}
+	t.global = cfg.MicroBatch * cfg.Accum * t.world
+	t.stepsPerEpoch = data.StepsPerEpoch(t.train.N, t.global)
+	if t.stepsPerEpoch < 1 {
+		return nil, fmt.Errorf("train: the global batch (micro_batch %d × accum %d × world %d = %d) is larger than the training set (%d samples)",
+			cfg.MicroBatch, cfg.Accum, t.world, t.global, t.train.N)
+	}
+	t.totalSteps = int64(cfg.Epochs) * int64(t.stepsPerEpoch)
+	if cfg.MaxSteps > 0 && cfg.MaxSteps < t.totalSteps {
+		t.totalSteps = cfg.MaxSteps
+	}
+
+	n := t.layout.Size
+	t.params = s.Model.Params()
+	if len(t.params) != n {
+		return nil, fmt.Errorf("trainer: model params have %d elements, layout says %d", len(t.params), n)
+	}
+	t.master = t.params
+	if t.format != half.FP32 {
+		t.master = make([]float32, n)
+		copy(t.master, t.params)
+		t.roundParams()
+	}
+	t.grads = make([]float32, n)
+	// One pool of workers serves the optimizer and the trainer's own flat-buffer passes.
+	threads := cfg.Threads
+	if s.Optimizer.Threads > 0 {
+		threads = s.Optimizer.Threads
+	}
+	t.pool = offload.NewPool(threads)
+	opt, err := offload.NewWithPool(s.Optimizer, n, t.pool)
+	if err != nil {
+		t.pool.Close()
+		return nil, fmt.Errorf("optimizer: %w", err)
+	}
+	t.opt = opt
+	t.batch = data.NewBatch(cfg.MicroBatch, t.train.SampleSize())
+	t.evalBatch = data.NewBatch(cfg.EvalBatch, t.test.SampleSize())
+	t.perm = make([]int32, t.train.N)
+
+	if s.Checkpoint.Dir != "" && t.rank == 0 { // rank 0 writes checkpoints for the group
+		if t.ckpt, err = checkpoint.NewManager(s.Checkpoint.Dir, s.Checkpoint.Keep); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	if s.Resume != nil && t.rank == 0 { // the others receive rank 0's state when Run starts
+		if err := t.restore(s.Resume); err != nil {
+			t.Close()
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Close stops the optimizer's and the pool's goroutines; safe to call twice.
+func (t *Trainer) Close() error {
+	if t.opt != nil {
+		t.opt.Close()
+	}
+	if t.pool != nil {
+		t.pool.Close()
+	}
+	return nil
+}
+
+// Master returns the fp32 master weights (for tests and tools).
+func (t *Trainer) Master() []float32 { return t.master }
+
+// Step returns the number of global steps completed.
+func (t *Trainer) Step() int64 { return t.step }
+
+// GlobalBatch is micro-batch × accumulation × world size.
+func (t *Trainer) GlobalBatch() int { return t.global }
+
+// StepsPerEpoch is the number of optimizer steps in one epoch (the last partial batch is dropped).
+func (t *Trainer) StepsPerEpoch() int { return t.stepsPerEpoch }
+
+// TotalSteps is the number of steps the run will take.
+func (t *Trainer) TotalSteps() int64 { return t.totalSteps }
+
+// roundParams writes master rounded to the working precision into the model's parameters.
+func (t *Trainer) roundParams() {
+	copy(t.params, t.master)
+	vec.Round(t.params, t.format)
+}
+
+// Run trains until the configured epochs or max_steps are done, or ctx is cancelled. On
+// cancellation it finishes the step in flight, writes a checkpoint and returns ctx's error
+// together with the result so far. In a group every rank stops at the same step: the stop
+// request travels with the step's loss all-reduce.
+func (t *Trainer) Run(ctx context.Context) (Result, error) {
+	res := Result{}
+	// Collectives run on a context that an interrupt does not cancel (the ranks must finish
+	// the step and save together); Abort cancels it when a peer is known to be lost.
+	cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	t.setAbort(cancel)
+	defer t.setAbort(nil)
+
+	if err := t.syncFromRank0(cctx); err != nil {
+		return res, t.abortCause(cctx, err)
+	}
+	t.log.Info("training",
+		zap.Int("params", t.layout.NumParams()), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
+		zap.Int("world", t.world), zap.Int("global_batch", t.global), zap.Int("steps_per_epoch", t.stepsPerEpoch),
+		zap.Int64("total_steps", t.totalSteps), zap.String("precision", t.format.String()), zap.String("optimizer", t.optCfg.Type),
+		zap.Int64("start_step", t.step))
+	defer func() {
+		if t.progress != nil {
+			t.progress.Done()
+		}
+	}()
+	for t.epoch < t.cfg.Epochs && t.step < t.totalSteps {
+		epochStart := t.clock.Now()
+		data.Permutation(t.perm, t.seed, t.epoch)
+		for t.offset+t.global <= len(t.perm) && t.step < t.totalSteps {
+			if t.world == 1 && ctx.Err() != nil {
+				// Alone, stop before starting another step; a group agrees on stopping
+				// through the step's loss all-reduce instead.
+				return t.interrupt(cctx, res, context.Cause(ctx))
+			}
+			stop, err := t.runStep(ctx, cctx, &res)
+			if err != nil {
+				return res, t.abortCause(cctx, err)
+			}
+			if stop {
+				return t.interrupt(cctx, res, context.Cause(ctx))
+			}
+			if t.ckptEnabled() && t.ckptCfg.EverySteps > 0 && t.step%int64(t.ckptCfg.EverySteps) == 0 {
+				if err := t.save(cctx); err != nil {
+					return res, t.abortCause(cctx, err)
+				}
+			}
+		}
+		epochDone := t.offset+t.global > len(t.perm)
+		if err := t.evaluate(cctx, &res); err != nil {
+			return res, t.abortCause(cctx, err)
+		}
+		if epochDone {
+			res.EpochSeconds = append(res.EpochSeconds, t.clock.Now().Sub(epochStart).Seconds())
+			t.epoch++
+			t.offset = 0
+		}
+	}
+	if t.ckptEnabled() && t.ckptStep != t.step {
+		if err := t.save(cctx); err != nil {
+			return res, t.abortCause(cctx, err)
+		}
+	}
+	t.fill(&res)
+	return res, nil
+}
+
+// Abort fails the run's collectives at once with err — used when failure detection (gossip)
+// learns that a peer is gone, so ranks do not wait out the collective timeout. Safe to call
+// from any goroutine, before, during or after Run.
+func (t *Trainer) Abort(err error) {
+	t.abortMu.Lock()
+	defer t.abortMu.Unlock()
+	if t.abort != nil {
+		t.abort(err)
+	} else {
+		t.pendingAbort = err
+	}
+}
+
+func (t *Trainer) setAbort(f context.CancelCauseFunc) {
+	t.abortMu.Lock()
+	defer t.abortMu.Unlock()
+	t.abort = f
+	if f != nil && t.pendingAbort != nil {
+		f(t.pendingAbort)
+	}
+}
+
+// abortCause prefers the reason the run was aborted (e.g. "rank 2 failed") over the
+// collective's own error (which would then only say the context was cancelled).
+func (t *Trainer) abortCause(cctx context.Context, err error) error {
+	if cause := context.Cause(cctx); cause != nil && !errors.Is(err, cause) && cctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", cause, err)
+	}
+	return err
+}
+
+func (t *Trainer) ckptEnabled() bool { return t.ckptCfg.Dir != "" }
+
+func (t *Trainer) fill(res *Result) {
+	res.Steps = t.step
+	res.OptimizerSteps = t.opt.Steps()
+	res.Skipped = t.skipped
+	res.Epoch = t.fracEpoch()
+	res.Checkpoint = t.lastCkpt
+}
+
+func (t *Trainer) fracEpoch() float64 {
+	return float64(t.epoch) + float64(t.offset)/float64(t.stepsPerEpoch*t.global)
+}
+
+func (t *Trainer) interrupt(cctx context.Context, res Result, cause error) (Result, error) {
+	t.log.Warn("interrupted; saving a checkpoint at the step boundary", zap.Int64("step", t.step))
+	if t.ckptEnabled() && t.ckptStep != t.step {
+		if err := t.save(cctx); err != nil {
+			return res, errors.Join(cause, err)
+		}
+	}
+	t.fill(&res)
+	res.Interrupted = true
+	return res, cause
+}
