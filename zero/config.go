@@ -1,0 +1,40 @@
+package zero
+
+import "fmt"
+
+// Config is DeepSpeed's zero_optimization block (YAML `zero_optimization:`).
+type Config struct {
+	// Stage is 0 (data parallel), 1 (optimizer state sharded) or 2 (and gradients sharded).
+	Stage            int           `yaml:"stage" json:"stage"`
+	OffloadOptimizer OffloadConfig `yaml:"offload_optimizer" json:"offload_optimizer"`
+	// ReduceBucketSize is the number of elements reduced per collective call (the gradient
+	// all-reduce at stages 0-1, the reduce-scatter at stage 2).
+	ReduceBucketSize int64 `yaml:"reduce_bucket_size" json:"reduce_bucket_size"`
+	// AllgatherBucketSize is the number of elements per parameter all-gather at stages 1-2.
+	AllgatherBucketSize int64 `yaml:"allgather_bucket_size" json:"allgather_bucket_size"`
+}
+
+// OffloadConfig says where the optimizer state lives and the optimizer step runs.
+type OffloadConfig struct {
+	Device string `yaml:"device" json:"device"` // none | cpu
+}
+
+// DefaultConfig is stage 0 without offload, with DeepSpeed's bucket sizes (5e8 elements).
+func DefaultConfig() Config {
+	return Config{OffloadOptimizer: OffloadConfig{Device: "none"}, ReduceBucketSize: 500_000_000, AllgatherBucketSize: 500_000_000}
+}
+
+// Validate checks the block; errors name the field.
+func (c Config) Validate() error {
+	switch {
+	case c.Stage < 0 || c.Stage > 2:
+		return fmt.Errorf("stage: must be 0, 1 or 2 (ZeRO-3 parameter partitioning is not supported), got %d", c.Stage)
+	case c.OffloadOptimizer.Device != "none" && c.OffloadOptimizer.Device != "cpu":
+		return fmt.Errorf("offload_optimizer.device: must be none or cpu, got %q", c.OffloadOptimizer.Device)
+	case c.ReduceBucketSize < 1 || c.ReduceBucketSize > 1<<40:
+		return fmt.Errorf("reduce_bucket_size: must be between 1 and 2^40 elements, got %d", c.ReduceBucketSize)
+	case c.AllgatherBucketSize < 1 || c.AllgatherBucketSize > 1<<40:
+		return fmt.Errorf("allgather_bucket_size: must be between 1 and 2^40 elements, got %d", c.AllgatherBucketSize)
+	}
+	return nil
+}

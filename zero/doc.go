@@ -1,0 +1,22 @@
+// Package zero partitions a model's training state across the ranks of a data-parallel group
+// the way ZeRO does (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
+// Trillion Parameter Models"), and runs one rank's part of a training step:
+//
+//   - stage 0 (DDP): every rank holds everything; gradients are all-reduced and every rank
+//     steps the whole optimizer;
+//   - stage 1: gradients are all-reduced, but each rank keeps fp32 master weights and
+//     optimizer moments only for its shard, steps its shard, and the updated parameters are
+//     all-gathered in the working precision;
+//   - stage 2: additionally, each micro-batch's gradient is reduce-scattered bucket by bucket
+//     as soon as it is computed, and each rank keeps only its shard of the gradient
+//     (accumulated across micro-batches in the shard).
+//
+// Layout is pure arithmetic: the flat parameter space split into contiguous, aligned shards by
+// flat offset. Because shards are defined by offsets, not by tensors, a checkpoint written at
+// N ranks can be re-split at M ranks (Engine.Restore reads whatever old shards overlap).
+//
+// Engine owns a rank's gradient buffers, its optimizer (over its shard) and the collectives of
+// a step; the trainer drives it. With offload_optimizer.device = cpu the optimizer state and
+// step live in host memory — where the CPU engine keeps them anyway; the GPU engine moves the
+// gradient shard to the host and the parameters back around the same Step.
+package zero
