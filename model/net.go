@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -40,17 +41,19 @@ type Net struct {
 
 // graph is one compiled gorgonia program at a fixed batch size.
 type graph struct {
-	bs     int
-	g      *G.ExprGraph
-	vm     G.VM
-	x, y   *G.Node
-	scale  *G.Node // nil for the evaluation graph
-	xbuf   []float32
-	ybuf   []float32 // one-hot labels, bs×classes (training graph only)
-	learn  G.Nodes   // parameter nodes, parallel to tensors
-	tidx   []int     // layout index of each learn node
-	lossV  G.Value   // mean cross-entropy (training graph)
-	logitV G.Value   // logits (evaluation graph)
+	bs    int
+	g     *G.ExprGraph
+	vm    G.VM
+	x, y  *G.Node
+	scale *G.Node // nil for the evaluation graph
+	xbuf  []float32
+	ybuf  []float32 // one-hot labels, bs×classes (training graph only)
+	learn G.Nodes   // parameter nodes, parallel to tensors
+	tidx  []int     // layout index of each learn node
+	// byOffset lists indices into learn in increasing flat offset of their tensors.
+	byOffset []int
+	lossV    G.Value // mean cross-entropy (training graph)
+	logitV   G.Value // logits (evaluation graph)
 }
 
 // New compiles spec into a training graph at opt.MicroBatch and an evaluation graph at
@@ -150,6 +153,13 @@ func (n *Net) build(bs int, train bool) (gr *graph, err error) {
 		return nil, fmt.Errorf("symbolic gradient: %w", err)
 	}
 	gr.vm = G.NewTapeMachine(gr.g, G.BindDualValues(gr.learn...))
+	gr.byOffset = make([]int, len(gr.learn))
+	for i := range gr.byOffset {
+		gr.byOffset[i] = i
+	}
+	sort.Slice(gr.byOffset, func(a, b int) bool {
+		return n.layout.Tensors[gr.tidx[gr.byOffset[a]]].Offset < n.layout.Tensors[gr.tidx[gr.byOffset[b]]].Offset
+	})
 	return gr, nil
 }
 
@@ -194,12 +204,35 @@ var ErrBatch = errors.New("model: batch does not match the graph")
 // sum to the working precision — the semantics of `param.grad +=` on a half-precision device.
 // It returns the unscaled mean cross-entropy of the micro-batch.
 func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
+	if len(grads) != n.layout.Size {
+		panic(fmt.Sprintf("model: grads has %d elements, layout needs %d", len(grads), n.layout.Size))
+	}
+	return n.forwardBackward(b, scale, func(off int, g []float32) error {
+		accumulate(grads[off:off+len(g)], g, n.grad)
+		return nil
+	})
+}
+
+// ForwardBackwardStream runs one micro-batch like ForwardBackward but hands each tensor's
+// gradient of loss×scale, rounded to the working precision, to emit (flat offset, values) in
+// increasing offset order instead of adding it into a full gradient buffer. ZeRO stage 2
+// reduces the gradient bucket by bucket as it streams out, so no rank holds a full-size
+// gradient between micro-batches. g is only valid during the call.
+func (n *Net) ForwardBackwardStream(b *data.Batch, scale float32, emit func(off int, g []float32) error) (float32, error) {
+	return n.forwardBackward(b, scale, func(off int, g []float32) error {
+		if n.grad != half.FP32 {
+			vec.Round(g, n.grad)
+		}
+		return emit(off, g)
+	})
+}
+
+// forwardBackward runs the training graph and passes each parameter's gradient to use, in
+// flat-offset order, then clears it.
+func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g []float32) error) (float32, error) {
 	gr := n.train
 	if b.N != gr.bs || b.SampleSize != prod(n.spec.Input) {
 		return 0, fmt.Errorf("%w: training graph takes %d samples of %d values, got %d of %d", ErrBatch, gr.bs, prod(n.spec.Input), b.N, b.SampleSize)
-	}
-	if len(grads) != n.layout.Size {
-		panic(fmt.Sprintf("model: grads has %d elements, layout needs %d", len(grads), n.layout.Size))
 	}
 	copy(gr.xbuf, b.X[:len(gr.xbuf)])
 	clear(gr.ybuf)
@@ -217,7 +250,8 @@ func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (fl
 	if err := gr.run(); err != nil {
 		return 0, fmt.Errorf("model: forward/backward: %w", err)
 	}
-	for i, node := range gr.learn {
+	for _, i := range gr.byOffset {
+		node := gr.learn[i]
 		gv, err := node.Grad()
 		if err != nil {
 			return 0, fmt.Errorf("model: reading gradient of %s: %w", node.Name(), err)
@@ -227,7 +261,9 @@ func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (fl
 		if !ok || len(src) != t.Size {
 			return 0, fmt.Errorf("model: gradient of %s has unexpected type or size", t.Name)
 		}
-		accumulate(grads[t.Offset:t.Offset+t.Size], src, n.grad)
+		if err := use(t.Offset, src); err != nil {
+			return 0, err
+		}
 		// gorgonia's tape machine adds each run's gradient into the node's dual value (its
 		// solvers zero it after every step); zero it so each call sees one micro-batch only.
 		clear(src)

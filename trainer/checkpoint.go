@@ -5,14 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/collective"
-	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/zero"
 )
 
 // Files inside a checkpoint directory.
@@ -47,6 +50,7 @@ type Meta struct {
 	Tensors     []TensorMeta `json:"tensors"`      // the flat layout
 	Config      any          `json:"config"`       // the resolved run configuration
 	Shards      []ShardMeta  `json:"opt_shards"`   // optimizer state shards by flat offset
+	ZeroStage   int          `json:"zero_stage"`   // the stage that wrote it (any stage can resume it)
 	Metrics     EvalSnapshot `json:"last_metrics"` // for humans browsing checkpoints
 }
 
@@ -71,12 +75,15 @@ type EvalSnapshot struct {
 
 func (t *Trainer) meta() Meta {
 	m := Meta{
-		Step: t.step, OptimizerSteps: t.opt.Steps(), Skipped: t.skipped, Epoch: t.epoch, EpochOffset: t.offset,
+		Step: t.step, OptimizerSteps: t.eng.Optimizer().Steps(), Skipped: t.skipped, Epoch: t.epoch, EpochOffset: t.offset,
 		Seed: t.seed, RNG: "pcg(seed, epoch) Fisher-Yates epoch permutation",
 		MicroBatch: t.cfg.MicroBatch, Accum: t.cfg.Accum, WorldSize: t.world, GlobalBatch: t.global,
 		Precision: t.format.String(), Optimizer: t.optCfg.Type, FlatSize: t.layout.Size, NumParams: t.layout.NumParams(),
-		Config: t.snapshot,
-		Shards: []ShardMeta{{File: fmt.Sprintf(optimizerFileFmt, 0), Offset: 0, Length: t.layout.Size}},
+		Config: t.snapshot, ZeroStage: t.zeroCfg.Stage,
+	}
+	for _, r := range t.shardWriters() {
+		lo, hi := t.shardOf(r)
+		m.Shards = append(m.Shards, ShardMeta{File: fmt.Sprintf(optimizerFileFmt, r), Offset: lo, Length: hi - lo})
 	}
 	if s, ok := t.model.(interface{ Spec() *model.Spec }); ok {
 		m.Model = s.Spec().String()
@@ -91,67 +98,164 @@ func (t *Trainer) meta() Meta {
 	return m
 }
 
-// save writes a checkpoint of the state after the last completed step. Every rank calls it;
-// rank 0 writes (in a data-parallel group every rank holds the same state) and then tells
-// the others whether it succeeded, so a failed save fails every rank instead of leaving the
-// others waiting.
+// shardWriters are the ranks whose optimizer state goes into the checkpoint: rank 0 alone
+// at stage 0 (every rank holds the same state), every rank with a non-empty shard at 1-2.
+func (t *Trainer) shardWriters() []int {
+	if t.zeroCfg.Stage == 0 {
+		return []int{0}
+	}
+	var rs []int
+	for r := 0; r < t.world; r++ {
+		if t.eng.Layout().Len(r) > 0 {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
+func (t *Trainer) shardOf(r int) (lo, hi int) {
+	if t.zeroCfg.Stage == 0 {
+		return 0, t.layout.Size
+	}
+	return t.eng.Layout().Shard(r)
+}
+
+// save writes a checkpoint of the state after the last completed step. Every rank calls it:
+// rank 0 writes the full model (fp32 master weights, gathered from the shards) and meta.json,
+// every rank that owns optimizer state writes its shard keyed by flat offset into the same
+// pending directory (so at stages 1-2 checkpoint.dir must be shared by the ranks), and rank 0
+// commits once all have succeeded. After each phase the ranks agree on success, so a failed
+// save fails every rank together and publishes nothing.
 func (t *Trainer) save(cctx context.Context) error {
+	full, err := t.eng.FullMaster(cctx)
+	if err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", t.step, err)
+	}
+	var p *checkpoint.Pending
+	fail := func(err error) error {
+		if p != nil {
+			if aerr := p.Abort(); aerr != nil {
+				t.log.Warn("removing the failed checkpoint's pending directory", zap.Error(aerr))
+			}
+		}
+		return err
+	}
 	var werr error
 	if t.rank == 0 {
-		werr = t.write()
+		p, werr = t.ckpt.BeginShared(t.step)
 	}
+	if err := t.agree(cctx, werr, "starting"); err != nil {
+		return fail(err)
+	}
+	lo, hi := t.eng.Shard()
+	writesShard := false
+	for _, r := range t.shardWriters() {
+		writesShard = writesShard || r == t.rank
+	}
+	shardName := fmt.Sprintf(optimizerFileFmt, t.rank)
+	writeShard := func(w io.Writer) error {
+		var opt []checkpoint.Tensor
+		for _, nb := range t.eng.Optimizer().State() {
+			opt = append(opt, checkpoint.Tensor{Name: nb.Name, Shape: []int{len(nb.Data)}, Data: nb.Data})
+		}
+		return checkpoint.WriteSafetensors(w, opt, map[string]string{
+			"type": t.optCfg.Type, "offset": strconv.Itoa(lo), "length": strconv.Itoa(hi - lo),
+			"steps": strconv.FormatInt(t.eng.Optimizer().Steps(), 10), "rank": strconv.Itoa(t.rank),
+			"world_size": strconv.Itoa(t.world), "zero_stage": strconv.Itoa(t.zeroCfg.Stage),
+		})
+	}
+	werr = nil
+	switch {
+	case t.rank == 0:
+		_, werr = p.WriteFile(shardName, writeShard)
+		if werr == nil {
+			_, werr = p.WriteFile(modelFile, func(w io.Writer) error { return t.writeModel(w, full) })
+		}
+	case writesShard:
+		dir := checkpoint.SharedPendingDir(t.ckptCfg.Dir, t.step)
+		if _, err := os.Stat(dir); err != nil {
+			werr = fmt.Errorf("rank %d cannot see the checkpoint rank 0 started (%w): at ZeRO stage %d every rank writes its optimizer shard into checkpoint.dir, which must be a filesystem shared by all ranks",
+				t.rank, err, t.zeroCfg.Stage)
+		} else {
+			_, werr = checkpoint.WriteFileIn(dir, shardName, writeShard)
+		}
+	}
+	if werr != nil {
+		werr = fmt.Errorf("checkpoint at step %d: %w", t.step, werr)
+	}
+	if err := t.agree(cctx, werr, "writing"); err != nil {
+		return fail(err)
+	}
+	var path string
+	if t.rank == 0 {
+		var others []checkpoint.FileInfo
+		for _, r := range t.shardWriters() {
+			if r == 0 {
+				continue
+			}
+			fi, err := checkpoint.Describe(p.Dir(), fmt.Sprintf(optimizerFileFmt, r))
+			if err != nil {
+				werr = fmt.Errorf("checkpoint at step %d: the optimizer shard of rank %d: %w", t.step, r, err)
+				break
+			}
+			others = append(others, fi)
+		}
+		if werr == nil {
+			path, werr = p.Commit(t.meta(), others...)
+			if errors.Is(werr, checkpoint.ErrPrune) {
+				t.log.Warn("checkpoint saved, but removing old checkpoints failed", zap.Error(werr))
+				werr = nil
+			} else if werr != nil {
+				werr = fmt.Errorf("saving checkpoint at step %d: %w", t.step, werr)
+			}
+		}
+	}
+	if err := t.agree(cctx, werr, "committing"); err != nil {
+		return fail(err)
+	}
+	if path == "" {
+		path = filepath.Join(t.ckptCfg.Dir, checkpoint.StepDirName(t.step))
+	}
+	t.lastCkpt, t.ckptStep = path, t.step
+	if t.rank == 0 {
+		t.log.Info("checkpoint saved", zap.String("path", path), zap.Int64("step", t.step), zap.Int("shards", len(t.shardWriters())))
+	}
+	return nil
+}
+
+// agree tells every rank whether any rank failed a phase of a save; it returns this rank's own
+// error, or errSaveFailed when only another rank failed.
+func (t *Trainer) agree(cctx context.Context, werr error, phase string) error {
 	status := []float64{0}
 	if werr != nil {
 		status[0] = 1
 	}
 	if err := t.reduceScalars(cctx, status, collective.Max); err != nil {
-		return errors.Join(werr, fmt.Errorf("agreeing on the checkpoint at step %d: %w", t.step, err))
+		return errors.Join(werr, fmt.Errorf("agreeing on the checkpoint at step %d (%s): %w", t.step, phase, err))
 	}
 	if werr != nil {
 		return werr
 	}
 	if status[0] != 0 {
-		return fmt.Errorf("checkpoint at step %d: %w", t.step, errSaveFailed)
+		return fmt.Errorf("checkpoint at step %d (%s): %w", t.step, phase, errSaveFailed)
 	}
-	t.ckptStep = t.step
 	return nil
 }
 
-// write saves the checkpoint files (rank 0).
-func (t *Trainer) write() error {
+// writeModel writes the full fp32 weights in the model's canonical (PyTorch) shapes.
+func (t *Trainer) writeModel(w io.Writer, full []float32) error {
 	tensors := make([]checkpoint.Tensor, len(t.layout.Tensors))
 	for i, ts := range t.layout.Tensors {
 		buf := make([]float32, ts.Size)
-		t.layout.Canonical(buf, t.master, ts)
+		t.layout.Canonical(buf, full, ts)
 		tensors[i] = checkpoint.Tensor{Name: ts.Name, Shape: ts.Shape, Data: buf}
 	}
-	var opt []checkpoint.Tensor
-	for _, nb := range t.opt.State() {
-		opt = append(opt, checkpoint.Tensor{Name: nb.Name, Shape: []int{len(nb.Data)}, Data: nb.Data})
-	}
-	optMeta := map[string]string{
-		"type": t.optCfg.Type, "offset": "0", "length": strconv.Itoa(t.layout.Size),
-		"steps": strconv.FormatInt(t.opt.Steps(), 10),
-	}
-	files := map[string]func(io.Writer) error{
-		modelFile: func(w io.Writer) error {
-			return checkpoint.WriteSafetensors(w, tensors, map[string]string{"format": "pt", "producer": "qvd"})
-		},
-		fmt.Sprintf(optimizerFileFmt, 0): func(w io.Writer) error { return checkpoint.WriteSafetensors(w, opt, optMeta) },
-	}
-	path, err := t.ckpt.Save(t.step, files, t.meta())
-	if err != nil && !errors.Is(err, checkpoint.ErrPrune) {
-		return fmt.Errorf("saving checkpoint at step %d: %w", t.step, err)
-	}
-	if err != nil {
-		t.log.Warn("checkpoint saved, but removing old checkpoints failed", zap.Error(err))
-	}
-	t.lastCkpt = path
-	t.log.Info("checkpoint saved", zap.String("path", path), zap.Int64("step", t.step))
-	return nil
+	return checkpoint.WriteSafetensors(w, tensors, map[string]string{"format": "pt", "producer": "qvd"})
 }
 
-// restore loads weights, optimizer state, loss scaler and data position from c.
+// restore reads a checkpoint on rank 0: the position, the loss scaler and the full fp32
+// weights now; the optimizer state is streamed from it when Run starts (loadOptimizerState),
+// so every rank of any world size and stage gets its shard.
 func (t *Trainer) restore(c *checkpoint.Checkpoint) error {
 	var m Meta
 	if err := c.Meta(&m); err != nil {
@@ -160,6 +264,10 @@ func (t *Trainer) restore(c *checkpoint.Checkpoint) error {
 	if m.Optimizer != t.optCfg.Type {
 		return fmt.Errorf("resume from %s: the checkpoint's optimizer is %q but the config says %q; resuming would discard its state",
 			c.Path(), m.Optimizer, t.optCfg.Type)
+	}
+	if m.FlatSize != t.layout.Size {
+		return fmt.Errorf("resume from %s: the checkpoint's flat parameter space has %d elements, this model's %d: it is another model",
+			c.Path(), m.FlatSize, t.layout.Size)
 	}
 	mf, err := c.Safetensors(modelFile)
 	if err != nil {
@@ -174,33 +282,20 @@ func (t *Trainer) restore(c *checkpoint.Checkpoint) error {
 		if err := mf.ReadInto(ts.Name, buf, ts.Shape); err != nil {
 			return fmt.Errorf("resume from %s: %s does not fit this model (%v): %w", c.Path(), modelFile, ts.Name, err)
 		}
-		t.layout.SetCanonical(t.master, buf, ts)
+		t.layout.SetCanonical(t.initial, buf, ts)
 	}
-	if len(m.Shards) != 1 || m.Shards[0].Offset != 0 || m.Shards[0].Length != t.layout.Size {
-		return fmt.Errorf("resume from %s: optimizer state is split into %d shard(s) of a %d-element space; this run expects one shard of %d",
-			c.Path(), len(m.Shards), m.FlatSize, t.layout.Size)
-	}
-	of, err := c.Safetensors(m.Shards[0].File)
+	src, err := newResumeSource(c, m.Shards, t.layout.Size)
 	if err != nil {
 		return fmt.Errorf("resume from %s: %w", c.Path(), err)
-	}
-	for _, nb := range t.opt.State() {
-		if err := of.ReadInto(nb.Name, nb.Data, []int{len(nb.Data)}); err != nil {
-			return fmt.Errorf("resume from %s: optimizer state %q: %w", c.Path(), nb.Name, err)
-		}
 	}
 	if m.OptimizerSteps < 0 || m.OptimizerSteps > m.Step || m.Skipped < 0 {
 		return fmt.Errorf("resume from %s: meta.json counters are inconsistent (optimizer_steps %d, step %d, skipped %d)",
 			c.Path(), m.OptimizerSteps, m.Step, m.Skipped)
 	}
-	t.opt.SetSteps(m.OptimizerSteps)
 	if t.scaler != nil && m.Scaler != nil {
 		if err := t.scaler.SetState(*m.Scaler); err != nil {
 			return fmt.Errorf("resume from %s: %w", c.Path(), err)
 		}
-	}
-	if t.format != half.FP32 {
-		t.roundParams()
 	}
 	if m.Epoch < 0 || m.EpochOffset < 0 || m.EpochOffset > t.train.N || m.Step < 0 {
 		return fmt.Errorf("resume from %s: meta.json position (epoch %d, offset %d, step %d) is invalid for a %d-sample training set",
@@ -214,8 +309,73 @@ func (t *Trainer) restore(c *checkpoint.Checkpoint) error {
 		t.log.Warn("resuming with a different global batch: continuing from the same sample position",
 			zap.Int("checkpoint_global_batch", m.GlobalBatch), zap.Int("global_batch", t.global))
 	}
+	if m.WorldSize != t.world || m.ZeroStage != t.zeroCfg.Stage {
+		t.log.Info("resharding the checkpoint's optimizer state",
+			zap.Int("checkpoint_world", m.WorldSize), zap.Int("checkpoint_zero_stage", m.ZeroStage), zap.Int("shards", len(m.Shards)),
+			zap.Int("world", t.world), zap.Int("zero_stage", t.zeroCfg.Stage))
+	}
+	t.eng.Optimizer().SetSteps(m.OptimizerSteps)
 	t.step, t.epoch, t.offset, t.skipped = m.Step, m.Epoch, m.EpochOffset, m.Skipped
 	t.lastCkpt, t.ckptStep = c.Path(), m.Step
+	t.resumed = src
 	t.log.Info("resumed", zap.String("from", c.Path()), zap.Int64("step", t.step), zap.Int("epoch", t.epoch), zap.Int("epoch_offset", t.offset))
+	return nil
+}
+
+// resumeSource reads optimizer state out of a checkpoint's shards by flat range, whatever
+// world size and stage wrote them. It holds one decoded shard tensor at a time: the restore
+// walks the flat space in order, so each is decoded once per state buffer.
+type resumeSource struct {
+	c      *checkpoint.Checkpoint
+	shards []ShardMeta // sorted by offset, tiling [0, size)
+	cached struct {
+		file, name string
+		data       []float32
+	}
+}
+
+// newResumeSource checks that the shards tile the flat space exactly and are all present.
+func newResumeSource(c *checkpoint.Checkpoint, shards []ShardMeta, size int) (*resumeSource, error) {
+	s := &resumeSource{c: c, shards: slices.Clone(shards)}
+	slices.SortFunc(s.shards, func(a, b ShardMeta) int { return a.Offset - b.Offset })
+	at := 0
+	for _, sh := range s.shards {
+		if sh.Offset != at || sh.Length < 0 {
+			return nil, fmt.Errorf("meta.json: optimizer shards do not tile the %d-element flat space (shard %s covers [%d, %d), expected to start at %d)",
+				size, sh.File, sh.Offset, sh.Offset+sh.Length, at)
+		}
+		if _, err := c.FilePath(sh.File); err != nil {
+			return nil, fmt.Errorf("optimizer shard %s [%d, %d) is missing: %w", sh.File, sh.Offset, sh.Offset+sh.Length, err)
+		}
+		at += sh.Length
+	}
+	if at != size {
+		return nil, fmt.Errorf("meta.json: optimizer shards cover [0, %d) of a %d-element flat space", at, size)
+	}
+	return s, nil
+}
+
+// read fills dst with state buffer name over [lo, lo+len(dst)).
+func (s *resumeSource) read(name string, lo int, dst []float32) error {
+	hi := lo + len(dst)
+	for _, sh := range s.shards {
+		a, b, ok := zero.Overlap(lo, hi, sh.Offset, sh.Offset+sh.Length)
+		if !ok {
+			continue
+		}
+		if s.cached.file != sh.File || s.cached.name != name {
+			s.cached.data = nil // let the previous one go before decoding the next
+			f, err := s.c.Safetensors(sh.File)
+			if err != nil {
+				return fmt.Errorf("optimizer shard %s: %w", sh.File, err)
+			}
+			data := make([]float32, sh.Length)
+			if err := f.ReadInto(name, data, []int{sh.Length}); err != nil {
+				return fmt.Errorf("optimizer shard %s: state %q: %w", sh.File, name, err)
+			}
+			s.cached.file, s.cached.name, s.cached.data = sh.File, name, data
+		}
+		copy(dst[a-lo:b-lo], s.cached.data[a-sh.Offset:b-sh.Offset])
+	}
 	return nil
 }

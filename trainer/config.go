@@ -24,9 +24,6 @@ type Config struct {
 	MaxGradNorm float64 `yaml:"max_grad_norm" json:"max_grad_norm"`
 	// EvalBatch is the batch size of the evaluation pass after every epoch.
 	EvalBatch int `yaml:"eval_batch" json:"eval_batch"`
-	// BucketBytes is the size of each gradient all-reduce in a data-parallel group (PyTorch
-	// DDP's bucket_cap_mb is 25 MiB), in bytes of the working precision.
-	BucketBytes int `yaml:"bucket_bytes" json:"bucket_bytes"`
 	// Threads bounds the goroutines of the flat-buffer passes (optimizer, norm) and OpenBLAS;
 	// 0 = all cores.
 	Threads int `yaml:"threads" json:"threads"`
@@ -34,7 +31,7 @@ type Config struct {
 
 // DefaultConfig trains 10 epochs at micro-batch 64 in fp32.
 func DefaultConfig() Config {
-	return Config{Epochs: 10, MicroBatch: 64, Accum: 1, Precision: "fp32", EvalBatch: 1000, BucketBytes: 25 << 20}
+	return Config{Epochs: 10, MicroBatch: 64, Accum: 1, Precision: "fp32", EvalBatch: 1000}
 }
 
 // Validate checks the fields; errors name the field.
@@ -52,8 +49,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_grad_norm: must be 0 (off) or a positive finite number, got %v", c.MaxGradNorm)
 	case c.EvalBatch < 1 || c.EvalBatch > 1<<20:
 		return fmt.Errorf("eval_batch: must be in [1, 1048576], got %d", c.EvalBatch)
-	case c.BucketBytes < 1<<10 || c.BucketBytes > 1<<30:
-		return fmt.Errorf("bucket_bytes: must be between 1 KiB and 1 GiB, got %d", c.BucketBytes)
 	case c.Threads < 0:
 		return fmt.Errorf("threads: must be >= 0 (0 = all cores), got %d", c.Threads)
 	}

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/collective"
-	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/zero"
 )
 
 // Data parallelism (ZeRO stage 0 / DDP): every rank holds the whole model and optimizer; the
@@ -19,34 +19,6 @@ import (
 // Averaging the ranks' gradients therefore gives the single worker's gradient, and because
 // every rank then holds identical gradient bits, every rank makes the same overflow, clipping
 // and optimizer decisions without further agreement.
-
-// reduceGrads averages the accumulated gradient across ranks, bucket by bucket, with the
-// working precision on the wire (fp16/bf16 halve the bytes).
-func (t *Trainer) reduceGrads(ctx context.Context) error {
-	if t.world == 1 {
-		return nil
-	}
-	op := collective.Avg
-	if t.format == half.FP16 {
-		// Loss-scaled fp16 partial sums of N ranks could overflow on the wire where their
-		// average would not; divide first (DeepSpeed's gradient predivision) and sum.
-		t.pool.Scale(t.grads, 1/float32(t.world))
-		op = collective.Sum
-	}
-	bucket := t.bucketElems()
-	for lo := 0; lo < len(t.grads); lo += bucket {
-		hi := min(lo+bucket, len(t.grads))
-		if err := t.comm.AllReduce(ctx, t.grads[lo:hi], op, collective.Call{Wire: t.format}); err != nil {
-			return fmt.Errorf("all-reduce of gradient bucket [%d, %d): %w", lo, hi, err)
-		}
-	}
-	return nil
-}
-
-// bucketElems is the all-reduce bucket size in elements of the working precision.
-func (t *Trainer) bucketElems() int {
-	return max(1, t.cfg.BucketBytes/t.format.Bytes())
-}
 
 // reduceScalars sums a few float64 figures across ranks (exactly, as long as they are
 // integers below 2^24 or the loss values whose mean is only logged).
@@ -68,50 +40,54 @@ func (t *Trainer) reduceScalars(ctx context.Context, v []float64, op collective.
 }
 
 // syncFromRank0 makes every rank start from rank 0's state — its initialisation or the
-// checkpoint it resumed from — as DDP broadcasts the module state at construction. Integer
-// counters travel as 16-bit pieces (exact in float32) so no float rounding touches them.
+// checkpoint it resumed from — as DDP broadcasts the module state at construction: the
+// training position, the full fp32 weights (each rank keeps its master shard), and, after a
+// resume, the optimizer state streamed chunk by chunk from rank 0's checkpoint, each rank
+// keeping the part that falls in its shard. Integer counters travel as 16-bit pieces (exact
+// in float32) so no float rounding touches them.
 func (t *Trainer) syncFromRank0(ctx context.Context) error {
-	if t.world == 1 {
-		return nil
-	}
+	opt := t.eng.Optimizer()
 	var st ScalerState
 	if t.scaler != nil {
 		st = t.scaler.State()
 	}
-	counters := []uint64{uint64(t.step), uint64(t.epoch), uint64(t.offset), uint64(t.skipped), uint64(t.opt.Steps()),
-		math.Float64bits(st.Scale), uint64(st.GoodSteps), uint64(st.HysteresisLeft), uint64(st.Overflows), t.ckptFlag()}
-	buf := make([]float32, 4*len(counters))
-	for i, c := range counters {
-		for k := 0; k < 4; k++ {
-			buf[4*i+k] = float32(uint16(c >> (16 * k)))
+	resumed := uint64(0)
+	if t.resumed != nil {
+		resumed = 1
+	}
+	counters := []uint64{uint64(t.step), uint64(t.epoch), uint64(t.offset), uint64(t.skipped), uint64(opt.Steps()),
+		math.Float64bits(st.Scale), uint64(st.GoodSteps), uint64(st.HysteresisLeft), uint64(st.Overflows), t.ckptFlag(), resumed}
+	if t.world > 1 {
+		buf := make([]float32, 4*len(counters))
+		for i, c := range counters {
+			for k := 0; k < 4; k++ {
+				buf[4*i+k] = float32(uint16(c >> (16 * k)))
+			}
 		}
-	}
-	call := func(what string, b []float32) error {
-		if err := t.comm.Broadcast(ctx, b, 0, collective.Call{}); err != nil {
-			return fmt.Errorf("synchronising %s from rank 0: %w", what, err)
+		if err := t.broadcast(ctx, "the training position", buf); err != nil {
+			return err
 		}
-		return nil
-	}
-	if err := call("the training position", buf); err != nil {
-		return err
-	}
-	for i := range counters {
-		var c uint64
-		for k := 0; k < 4; k++ {
-			c |= uint64(uint16(buf[4*i+k])) << (16 * k)
+		for i := range counters {
+			var c uint64
+			for k := 0; k < 4; k++ {
+				c |= uint64(uint16(buf[4*i+k])) << (16 * k)
+			}
+			counters[i] = c
 		}
-		counters[i] = c
-	}
-	if err := call("the weights", t.master); err != nil {
-		return err
-	}
-	for _, nb := range t.opt.State() {
-		if err := call("optimizer state "+nb.Name, nb.Data); err != nil {
+		if err := t.broadcast(ctx, "the weights", t.initial); err != nil {
 			return err
 		}
 	}
+	t.eng.SetMaster(t.initial)
+	t.initial = nil
+	if counters[10] == 1 {
+		if err := t.loadOptimizerState(ctx); err != nil {
+			return err
+		}
+	}
+	t.resumed = nil
 	t.step, t.epoch, t.offset, t.skipped = int64(counters[0]), int(counters[1]), int(counters[2]), int64(counters[3])
-	t.opt.SetSteps(int64(counters[4]))
+	opt.SetSteps(int64(counters[4]))
 	if t.scaler != nil {
 		st = ScalerState{Scale: math.Float64frombits(counters[5]), GoodSteps: int(counters[6]), HysteresisLeft: int(counters[7]), Overflows: int64(counters[8])}
 		if err := t.scaler.SetState(st); err != nil {
@@ -121,10 +97,58 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 	if counters[9] == 1 {
 		t.ckptStep = t.step // rank 0 resumed from a checkpoint at this step
 	}
-	if t.format != half.FP32 {
-		t.roundParams()
-	}
 	t.log.Debug("state synchronised from rank 0", zap.Int64("step", t.step))
+	return nil
+}
+
+// restoreChunk bounds the buffer the optimizer state streams through on resume.
+const restoreChunk = 1 << 22
+
+// loadOptimizerState fills every rank's optimizer shard from rank 0's checkpoint. The flat
+// space is walked in chunks; rank 0 reads each chunk from whichever saved shards overlap it
+// (the checkpoint may come from any world size and stage), broadcasts it with a status flag,
+// and each rank copies the part inside its own shard. A read error on rank 0 fails every rank
+// at the same chunk instead of leaving them waiting.
+func (t *Trainer) loadOptimizerState(ctx context.Context) error {
+	n := t.layout.Size
+	lo, hi := t.eng.Shard()
+	chunk := min(restoreChunk, max(n, 1))
+	buf := make([]float32, chunk+1)
+	for _, nb := range t.eng.Optimizer().State() {
+		for a := 0; a < n; a += chunk {
+			b := min(a+chunk, n)
+			part := buf[:b-a+1]
+			var rerr error
+			if t.rank == 0 {
+				rerr = t.resumed.read(nb.Name, a, part[:b-a])
+				part[b-a] = 0
+				if rerr != nil {
+					part[b-a] = 1
+				}
+			}
+			if t.world > 1 {
+				if err := t.broadcast(ctx, "optimizer state "+nb.Name, part); err != nil {
+					return errors.Join(rerr, err)
+				}
+			}
+			if rerr != nil {
+				return rerr
+			}
+			if part[b-a] != 0 {
+				return fmt.Errorf("resume: rank 0 could not read optimizer state %s [%d, %d) from its checkpoint", nb.Name, a, b)
+			}
+			if x, y, ok := zero.Overlap(a, b, lo, hi); ok {
+				copy(nb.Data[x-lo:y-lo], part[x-a:y-a])
+			}
+		}
+	}
+	return nil
+}
+
+func (t *Trainer) broadcast(ctx context.Context, what string, b []float32) error {
+	if err := t.comm.Broadcast(ctx, b, 0, collective.Call{}); err != nil {
+		return fmt.Errorf("synchronising %s from rank 0: %w", what, err)
+	}
 	return nil
 }
 

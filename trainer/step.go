@@ -10,7 +10,6 @@ import (
 
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
-	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
 	"github.com/qvd/qvd/model"
@@ -21,7 +20,7 @@ import (
 // stop when any rank has been asked to stop (ctx cancelled); collectives run on cctx.
 func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, err error) {
 	start := t.clock.Now()
-	clear(t.grads)
+	t.eng.BeginStep()
 	scale := 1.0
 	if t.scaler != nil {
 		scale = t.scaler.Scale()
@@ -35,13 +34,13 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		if err := t.train.Fill(t.batch, idx, t.norm); err != nil {
 			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
 		}
-		loss, err := t.model.ForwardBackward(t.batch, lossMul, t.grads)
+		loss, err := t.microBatch(cctx, lossMul)
 		if err != nil {
 			return false, fmt.Errorf("step %d, micro-batch %d: %w", t.step+1, j, err)
 		}
 		lossSum += float64(loss)
 	}
-	if err := t.reduceGrads(cctx); err != nil {
+	if err := t.eng.Reduce(cctx); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
 	// The mean loss over all ranks (for logging) and the stop request travel together.
@@ -57,8 +56,12 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	stop = sc[1] > 0
 
 	// One pass gives both the norm and the overflow check: any Inf/NaN makes the sum
-	// non-finite. Every rank holds the same gradient bits, so every rank decides alike.
-	sumsq := t.pool.SumSquares(t.grads)
+	// non-finite. The sum is identical on every rank (the same gradient bits at stages 0-1,
+	// the all-reduced sum of the shards' sums at stage 2), so every rank decides alike.
+	sumsq, err := t.eng.SumSquares(cctx)
+	if err != nil {
+		return false, fmt.Errorf("step %d: %w", t.step+1, err)
+	}
 	overflow := math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
 	t.step++
 	t.offset += t.global
@@ -82,10 +85,9 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		if t.cfg.MaxGradNorm > 0 && norm > t.cfg.MaxGradNorm {
 			gradScale *= t.cfg.MaxGradNorm / (norm + 1e-6)
 		}
-		lr := t.optCfg.LR * t.sched.Factor(t.opt.Steps(), t.totalSteps)
-		t.opt.Step(t.master, t.grads, float32(lr), float32(gradScale))
-		if t.format != half.FP32 {
-			t.roundParams()
+		lr := t.optCfg.LR * t.sched.Factor(t.eng.Optimizer().Steps(), t.totalSteps)
+		if err := t.eng.Step(cctx, float32(lr), float32(gradScale)); err != nil {
+			return false, fmt.Errorf("step %d: %w", t.step, err)
 		}
 		if t.scaler != nil {
 			if _, changed := t.scaler.Update(false); changed {
@@ -101,6 +103,21 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	return stop, t.report(res, rec, start)
 }
 
+// microBatch runs the forward and backward pass of the filled micro-batch, its gradient going
+// into the engine: added into the full gradient buffer at stages 0-1, streamed bucket by bucket
+// into the reduce-scatter at stage 2.
+func (t *Trainer) microBatch(cctx context.Context, lossMul float32) (float32, error) {
+	if g := t.eng.Micro(); g != nil {
+		return t.model.ForwardBackward(t.batch, lossMul, g)
+	}
+	t.eng.BeginMicro(cctx)
+	loss, err := t.model.ForwardBackwardStream(t.batch, lossMul, t.eng.MicroSink)
+	if err != nil {
+		return 0, err
+	}
+	return loss, t.eng.EndMicro()
+}
+
 // report records a finished step in the metrics file and the progress line.
 func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error {
 	dt := t.clock.Now().Sub(start).Seconds()
@@ -114,6 +131,7 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 	}
 	snap := t.mem.Read()
 	rec.HeapBytes, rec.RSSBytes = snap.HeapInUse, snap.RSS
+	rec.Memory = memoryRecord(t.eng.Memory())
 	rec.Time = float64(t.clock.Now().UnixNano()) / 1e9
 	res.LastLoss = rec.Loss
 	if t.metrics != nil {

@@ -16,9 +16,9 @@ import (
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
-	"github.com/qvd/qvd/internal/vec"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/zero"
 )
 
 // Model is what the trainer trains. Parameters and gradients are flat buffers of
@@ -33,6 +33,10 @@ type Model interface {
 	// ForwardBackward runs one micro-batch of exactly MicroBatch samples and adds the
 	// gradient of loss×scale into grads, in working precision; it returns the unscaled loss.
 	ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error)
+	// ForwardBackwardStream runs one micro-batch and hands each tensor's gradient of
+	// loss×scale, in working precision, to emit in increasing flat-offset order (ZeRO stage 2
+	// reduces it bucket by bucket as it streams out).
+	ForwardBackwardStream(b *data.Batch, scale float32, emit func(off int, g []float32) error) (float32, error)
 	// Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples.
 	Evaluate(b *data.Batch) (model.EvalResult, error)
 }
@@ -62,6 +66,7 @@ type Setup struct {
 	Schedule   ScheduleConfig
 	Scaler     ScalerConfig
 	Optimizer  offload.Config
+	Zero       zero.Config
 	Checkpoint checkpoint.Config // Dir "" disables checkpointing
 	Seed       uint64
 
@@ -75,7 +80,9 @@ type Setup struct {
 	Comm collective.Communicator
 
 	// Resume, if set, is the checkpoint to continue from. In a group only rank 0 reads it
-	// (and may be the only one with access to it); the state is broadcast to the others.
+	// (and may be the only one with access to it); weights and optimizer state stream from it
+	// to the others, each keeping its shard, so any world size and ZeRO stage can resume any
+	// checkpoint.
 	Resume *checkpoint.Checkpoint
 	// ConfigSnapshot is stored in every checkpoint's meta.json (the resolved run config).
 	ConfigSnapshot any
@@ -111,16 +118,20 @@ type Trainer struct {
 	seed     uint64
 	snapshot any
 
-	model  Model
-	layout *model.Layout
-	opt    offload.Optimizer
-	pool   *offload.Pool
-	format half.Format
-	scaler *Scaler // nil unless fp16
+	model   Model
+	layout  *model.Layout
+	zeroCfg zero.Config
+	eng     *zero.Engine // gradients, master weights, optimizer: this rank's share
+	pool    *offload.Pool
+	format  half.Format
+	scaler  *Scaler // nil unless fp16
 
-	// master is the fp32 copy the optimizer updates; it is the model's own parameter buffer
-	// in fp32 (no second copy), a separate buffer for fp16/bf16.
-	master, params, grads []float32
+	params []float32 // the model's working-precision parameters (full)
+	// initial holds the full fp32 weights to start from (the model's initialisation, or on
+	// rank 0 a checkpoint's) until Run has spread rank 0's copy to every rank.
+	initial []float32
+	// resumed is rank 0's open checkpoint, read again in Run for the optimizer state.
+	resumed *resumeSource
 
 	train, test *data.Dataset
 	norm        data.Normalize
@@ -169,6 +180,9 @@ func New(s Setup) (*Trainer, error) {
 	if err := s.Optimizer.Validate(); err != nil {
 		return nil, fmt.Errorf("optimizer.%w", err)
 	}
+	if err := s.Zero.Validate(); err != nil {
+		return nil, fmt.Errorf("zero_optimization.%w", err)
+	}
 	if err := s.Checkpoint.Validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint.%w", err)
 	}
@@ -181,7 +195,7 @@ func New(s Setup) (*Trainer, error) {
 			s.Model.MicroBatch(), s.Model.EvalBatch(), cfg.MicroBatch, cfg.EvalBatch)
 	}
 	t := &Trainer{
-		cfg: cfg, sched: s.Schedule, optCfg: s.Optimizer, ckptCfg: s.Checkpoint, seed: s.Seed, snapshot: s.ConfigSnapshot,
+		cfg: cfg, sched: s.Schedule, optCfg: s.Optimizer, zeroCfg: s.Zero, ckptCfg: s.Checkpoint, seed: s.Seed, snapshot: s.ConfigSnapshot,
 		model: s.Model, layout: s.Model.Layout(), format: cfg.Format(),
 		train: s.Train, test: s.Test, norm: s.Normalize,
 		world: 1, rank: 0, comm: s.Comm,
@@ -219,25 +233,19 @@ func New(s Setup) (*Trainer, error) {
 	if len(t.params) != n {
 		return nil, fmt.Errorf("trainer: model params have %d elements, layout says %d", len(t.params), n)
 	}
-	t.master = t.params
-	if t.format != half.FP32 {
-		t.master = make([]float32, n)
-		copy(t.master, t.params)
-		t.roundParams()
-	}
-	t.grads = make([]float32, n)
+	t.initial = append([]float32(nil), t.params...)
 	// One pool of workers serves the optimizer and the trainer's own flat-buffer passes.
 	threads := cfg.Threads
 	if s.Optimizer.Threads > 0 {
 		threads = s.Optimizer.Threads
 	}
 	t.pool = offload.NewPool(threads)
-	opt, err := offload.NewWithPool(s.Optimizer, n, t.pool)
+	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params, Format: t.format, Comm: t.comm, Pool: t.pool})
 	if err != nil {
 		t.pool.Close()
-		return nil, fmt.Errorf("optimizer: %w", err)
+		return nil, err
 	}
-	t.opt = opt
+	t.eng = eng
 	t.batch = data.NewBatch(cfg.MicroBatch, t.train.SampleSize())
 	t.evalBatch = data.NewBatch(cfg.EvalBatch, t.test.SampleSize())
 	t.perm = make([]int32, t.train.N)
@@ -259,17 +267,33 @@ func New(s Setup) (*Trainer, error) {
 
 // Close stops the optimizer's and the pool's goroutines; safe to call twice.
 func (t *Trainer) Close() error {
-	if t.opt != nil {
-		t.opt.Close()
+	if t.eng != nil {
+		t.eng.Close()
 	}
+
 	if t.pool != nil {
 		t.pool.Close()
 	}
 	return nil
 }
 
-// Master returns the fp32 master weights (for tests and tools).
-func (t *Trainer) Master() []float32 { return t.master }
+// Master returns the full fp32 master weights if this rank holds them without communication
+// (one worker, stage 0, or fp32, where the gathered parameters are the master); nil
+// otherwise, where FullMaster gathers them.
+func (t *Trainer) Master() []float32 {
+	if t.format == half.FP32 || t.zeroCfg.Stage == 0 || t.world == 1 {
+		m, _ := t.eng.FullMaster(context.Background()) // no collective in these cases
+		return m
+	}
+	return nil
+}
+
+// FullMaster gathers the full fp32 master weights: a collective at ZeRO stages 1-2 with
+// fp16/bf16, so every rank of a group must call it.
+func (t *Trainer) FullMaster(ctx context.Context) ([]float32, error) { return t.eng.FullMaster(ctx) }
+
+// Memory is what this rank holds for training, measured from its buffers.
+func (t *Trainer) Memory() zero.Memory { return t.eng.Memory() }
 
 // Step returns the number of global steps completed.
 func (t *Trainer) Step() int64 { return t.step }
@@ -282,12 +306,6 @@ func (t *Trainer) StepsPerEpoch() int { return t.stepsPerEpoch }
 
 // TotalSteps is the number of steps the run will take.
 func (t *Trainer) TotalSteps() int64 { return t.totalSteps }
-
-// roundParams writes master rounded to the working precision into the model's parameters.
-func (t *Trainer) roundParams() {
-	copy(t.params, t.master)
-	vec.Round(t.params, t.format)
-}
 
 // Run trains until the configured epochs or max_steps are done, or ctx is cancelled. On
 // cancellation it finishes the step in flight, writes a checkpoint and returns ctx's error
@@ -309,7 +327,8 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		zap.Int("params", t.layout.NumParams()), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
 		zap.Int("world", t.world), zap.Int("global_batch", t.global), zap.Int("steps_per_epoch", t.stepsPerEpoch),
 		zap.Int64("total_steps", t.totalSteps), zap.String("precision", t.format.String()), zap.String("optimizer", t.optCfg.Type),
-		zap.Int64("start_step", t.step))
+		zap.Int64("start_step", t.step), zap.Int("zero_stage", t.zeroCfg.Stage), zap.Bool("offload", t.eng.Offloaded()))
+	t.logMemory()
 	defer func() {
 		if t.progress != nil {
 			t.progress.Done()
@@ -391,7 +410,7 @@ func (t *Trainer) ckptEnabled() bool { return t.ckptCfg.Dir != "" }
 
 func (t *Trainer) fill(res *Result) {
 	res.Steps = t.step
-	res.OptimizerSteps = t.opt.Steps()
+	res.OptimizerSteps = t.eng.Optimizer().Steps()
 	res.Skipped = t.skipped
 	res.Epoch = t.fracEpoch()
 	res.Checkpoint = t.lastCkpt

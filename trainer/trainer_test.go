@@ -16,6 +16,7 @@ import (
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/zero"
 )
 
 // synthetic makes a learnable dataset of n 1×8×8 images in 4 classes: each class has its own
@@ -74,6 +75,7 @@ func (r *recorder) trainLosses() map[int64]float64 {
 type testRun struct {
 	cfg        Config
 	opt        offload.Config
+	zero       zero.Config
 	sched      ScheduleConfig
 	scaler     ScalerConfig
 	model      model.Config
@@ -89,8 +91,12 @@ type testRun struct {
 func defaultRun() testRun {
 	opt := offload.DefaultConfig()
 	opt.Threads = 2
+	z := zero.DefaultConfig()
+	// Small buckets, so the reductions run as several collective calls.
+	z.ReduceBucketSize, z.AllgatherBucketSize = 1000, 700
 	return testRun{
-		cfg:    Config{Epochs: 3, MicroBatch: 32, Accum: 1, Precision: "fp32", EvalBatch: 50, Threads: 2, BucketBytes: 4 << 10},
+		zero:   z,
+		cfg:    Config{Epochs: 3, MicroBatch: 32, Accum: 1, Precision: "fp32", EvalBatch: 50, Threads: 2},
 		opt:    opt,
 		sched:  ScheduleConfig{Type: ScheduleWarmupCosine, WarmupSteps: 3, WarmupType: "linear", MinRatio: 0.1},
 		scaler: DefaultScalerConfig(),
@@ -125,7 +131,7 @@ func (r testRun) buildWith(t *testing.T, sink MetricsSink, resume *checkpoint.Ch
 	t.Cleanup(func() { net.Close() })
 	ck := checkpoint.Config{Dir: r.ckptDir, EverySteps: r.everySteps, Keep: 0}
 	tr, err := New(Setup{
-		Config: r.cfg, Schedule: r.sched, Scaler: r.scaler, Optimizer: r.opt, Checkpoint: ck, Seed: r.seed,
+		Config: r.cfg, Schedule: r.sched, Scaler: r.scaler, Optimizer: r.opt, Zero: r.zero, Checkpoint: ck, Seed: r.seed,
 		Model: net, Train: r.train, Test: r.test, Normalize: data.Normalize{Mean: 0.5, Std: 0.25},
 		Resume: resume, Metrics: sink, Comm: comm,
 	})

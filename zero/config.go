@@ -38,3 +38,6 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// Offload says whether the optimizer state and step are moved to host memory.
+func (c Config) Offload() bool { return c.OffloadOptimizer.Device == "cpu" }

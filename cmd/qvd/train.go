@@ -450,10 +450,6 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	log.Info("qvd", zap.String("version", version.Version), zap.String("run", cfg.Run.Name), zap.String("out", cfg.Run.Out),
 		zap.String("model", spec.String()), zap.Int("params", layout.NumParams()), zap.String("blas", blas.Use()),
 		zap.Int("train_samples", trainSet.N), zap.Int("test_samples", testSet.N))
-	if cfg.Zero.Stage != 0 || cfg.Zero.OffloadOptimizer.Device == "cpu" {
-		log.Info("zero_optimization: stages 1-2 and offload arrive with the ZeRO milestone; training as stage 0",
-			zap.Int("stage", cfg.Zero.Stage), zap.String("offload", cfg.Zero.OffloadOptimizer.Device))
-	}
 
 	var from *checkpoint.Checkpoint
 	if j.resume != "" && j.rank == 0 {
@@ -483,7 +479,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		sink.file = mw
 	}
 	setup := trainer.Setup{
-		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Checkpoint: cfg.Checkpoint,
+		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Zero: cfg.Zero, Checkpoint: cfg.Checkpoint,
 		Seed: cfg.Run.Seed, Model: net, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
 		Resume: from, ConfigSnapshot: cfg, Metrics: sink, Logger: log, Comm: j.comm,
 	}

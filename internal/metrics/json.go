@@ -88,6 +88,8 @@ type wireRecord struct {
 	HeapBytes uint64 `json:"heap_bytes,omitempty"`
 	RSSBytes  uint64 `json:"rss_bytes,omitempty"`
 
+	Memory map[string]int64 `json:"memory,omitempty"`
+
 	Accuracy nullableFloat `json:"accuracy,omitempty"`
 	Samples  int           `json:"samples,omitempty"`
 }
@@ -106,6 +108,7 @@ func (r *Record) toWire() wireRecord {
 		Skipped:       r.Skipped,
 		HeapBytes:     r.HeapBytes,
 		RSSBytes:      r.RSSBytes,
+		Memory:        r.Memory,
 		Accuracy:      nullableFloat(r.Accuracy),
 		Samples:       r.Samples,
 	}
@@ -125,6 +128,7 @@ func (w *wireRecord) record() Record {
 		Skipped:       w.Skipped,
 		HeapBytes:     w.HeapBytes,
 		RSSBytes:      w.RSSBytes,
+		Memory:        w.Memory,
 		Accuracy:      float64(w.Accuracy),
 		Samples:       w.Samples,
 	}

@@ -129,6 +129,8 @@ func fullRecord() Record {
 			f.SetUint(uint64(i) + 1)
 		case reflect.Bool:
 			f.SetBool(true)
+		case reflect.Map:
+			f.Set(reflect.ValueOf(map[string]int64{fmt.Sprintf("k%d", i): int64(i) + 1}))
 		default:
 			panic("fullRecord: add a case for " + f.Kind().String())
 		}
@@ -533,7 +535,8 @@ func TestConcurrentWrites(t *testing.T) {
 
 func TestWriteCSV(t *testing.T) {
 	recs := []Record{
-		{Kind: KindTrain, Time: 1700000000.5, Step: 1, Epoch: 0.01, Loss: 2.5, LR: 1e-3, Scale: 65536, GradNorm: 1.25, SamplesPerSec: 1800, HeapBytes: 1 << 20, RSSBytes: 2 << 20},
+		{Kind: KindTrain, Time: 1700000000.5, Step: 1, Epoch: 0.01, Loss: 2.5, LR: 1e-3, Scale: 65536, GradNorm: 1.25, SamplesPerSec: 1800, HeapBytes: 1 << 20, RSSBytes: 2 << 20,
+			Memory: map[string]int64{"host_optimizer": 8192, "device_params": 4096}},
 		{Kind: KindTrain, Time: 1700000001, Step: 2, Epoch: 0.02, Loss: math.NaN(), Skipped: true},
 		{Kind: KindEval, Time: 1700000002, Step: 2, Epoch: 1, Loss: 0.5, Accuracy: 0.9, Samples: 10000},
 	}
@@ -546,10 +549,10 @@ func TestWriteCSV(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := [][]string{
-		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes", "accuracy", "samples"},
-		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152", "", ""},
-		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", ""},
-		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "0.9", "10000"},
+		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes", "memory", "accuracy", "samples"},
+		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152", "device_params=4096 host_optimizer=8192", "", ""},
+		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", ""},
+		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "0.9", "10000"},
 	}
 	if !reflect.DeepEqual(rows, want) {
 		t.Fatalf("CSV:\n got %q\nwant %q", rows, want)

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
+	"strings"
 )
 
 // ReadFile reads every record of a metrics file in file order. A last line without a newline
@@ -59,7 +61,7 @@ func read(r io.Reader) ([]Record, error) {
 // CSVHeader is the header row WriteCSV writes; the columns follow Record's JSON names.
 var CSVHeader = []string{
 	"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec",
-	"skipped", "heap_bytes", "rss_bytes", "accuracy", "samples",
+	"skipped", "heap_bytes", "rss_bytes", "memory", "accuracy", "samples",
 }
 
 // WriteCSV writes recs as CSV with a header row. Fields that the JSON form omits when zero
@@ -87,6 +89,7 @@ func WriteCSV(w io.Writer, recs []Record) error {
 			strconv.FormatBool(r.Skipped),
 			optUint(r.HeapBytes),
 			optUint(r.RSSBytes),
+			formatMemory(r.Memory),
 			optFloat(r.Accuracy),
 			optInt(int64(r.Samples)),
 		)
@@ -124,4 +127,19 @@ func optUint(v uint64) string {
 		return ""
 	}
 	return strconv.FormatUint(v, 10)
+}
+
+// formatMemory writes the memory categories as "name=bytes" pairs sorted by name and joined
+// by spaces, one cell that a spreadsheet keeps together.
+func formatMemory(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + strconv.FormatInt(m[k], 10)
+	}
+	return strings.Join(parts, " ")
 }

@@ -28,6 +28,9 @@ type Record struct {
 
 	HeapBytes uint64 `json:"heap_bytes,omitempty"` // Go heap in use
 	RSSBytes  uint64 `json:"rss_bytes,omitempty"`  // resident set size of the process
+	// Memory is what the rank holds for training by category ("device_params",
+	// "host_optimizer", ...; see zero.Memory), in bytes; zero categories are left out.
+	Memory map[string]int64 `json:"memory,omitempty"`
 
 	Accuracy float64 `json:"accuracy,omitempty"` // eval only: fraction of test samples classified correctly
 	Samples  int     `json:"samples,omitempty"`  // eval only: number of test samples evaluated
