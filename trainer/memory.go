@@ -31,7 +31,7 @@ func memoryRecord(m zero.Memory) map[string]int64 {
 // logMemory logs what this rank holds, so the savings of a ZeRO stage are visible at start.
 func (t *Trainer) logMemory() {
 	m := t.eng.Memory()
-	fields := []zap.Field{zap.Int("rank", t.rank), zap.Int("zero_stage", t.zeroCfg.Stage), zap.Int64("total_bytes", m.Total())}
+	fields := []zap.Field{zap.Int("zero_stage", t.zeroCfg.Stage), zap.Int64("total_bytes", m.Total())}
 	rec := memoryRecord(m)
 	for _, k := range slices.Sorted(maps.Keys(rec)) {
 		fields = append(fields, zap.Int64(k, rec[k]))

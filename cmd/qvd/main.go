@@ -36,6 +36,9 @@ Usage:
   qvd status PEER                 list a cluster's members
   qvd bench allreduce --nproc N   measure all-reduce bandwidth (algbw/busbw, as nccl-tests)
   qvd keygen                      print a new cluster key
+  qvd estimate --params N | -c CONFIG [--world N] [--stage S] [--offload cpu]
+                                  per-rank memory of ZeRO stages 0-2; --recommend a micro-batch
+                                  and accumulation for --memory and --effective-batch
   qvd plot METRICS [-o PNG]       plot a run's metrics.jsonl (or its run directory) to a PNG
   qvd config [-c CONFIG] [flags]  print the resolved configuration as YAML
   qvd version                     print the version
@@ -74,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdKeygen(args[1:], stdout, stderr)
 	case "plot":
 		return cmdPlot(args[1:], stdout, stderr)
+	case "estimate":
+		return cmdEstimate(args[1:], stdout, stderr)
 	case "config":
 		return cmdConfig(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
