@@ -34,6 +34,9 @@ type Meta struct {
 	Gen     uint64 `json:"e"`           // generation: tells a restarted process from its predecessor
 	Rank    int    `json:"k"`           // -1 until assigned
 	Step    int64  `json:"s,omitempty"` // training step (updated at most every Config.StepInterval)
+	// ModelBytes is what the member holds for training (parameters, gradients, master
+	// weights, optimizer state, staging buffers), as its engine accounts it.
+	ModelBytes uint64 `json:"b,omitempty"`
 }
 
 // Limits on Meta fields; with JSON's short keys the largest valid Meta is well under 512 bytes.

@@ -473,13 +473,31 @@ func (n *Node) SetStep(step int64) {
 	if step < 0 {
 		return
 	}
+	n.setProgress(func(m *Meta) bool {
+		changed := m.Step != step
+		m.Step = step
+		return changed
+	})
+}
+
+// SetModelBytes records the bytes the member holds for training, for `qvd status`; gossiped
+// like the step.
+func (n *Node) SetModelBytes(b uint64) {
+	n.setProgress(func(m *Meta) bool {
+		changed := m.ModelBytes != b
+		m.ModelBytes = b
+		return changed
+	})
+}
+
+// setProgress applies update to the metadata and kicks the rate-limited gossip if it changed.
+func (n *Node) setProgress(update func(*Meta) bool) {
 	n.mu.Lock()
-	if n.mu.closed || n.mu.meta.Step == step {
+	m := n.mu.meta
+	if n.mu.closed || !update(&m) {
 		n.mu.Unlock()
 		return
 	}
-	m := n.mu.meta
-	m.Step = step
 	if b, err := m.encode(); err == nil {
 		n.mu.meta, n.mu.metaBytes = m, b
 	}

@@ -57,7 +57,7 @@ func FormatStatus(w io.Writer, members []Member) error {
 		return strings.Compare(a.Name, b.Name)
 	})
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tADDRESS\tSTATE\tROLE\tRANK\tDEVICES\tJOB\tSTEP")
+	fmt.Fprintln(tw, "NAME\tADDRESS\tSTATE\tROLE\tRANK\tDEVICES\tJOB\tSTEP\tMODEL MEM")
 	for _, m := range ms {
 		rank, step := "-", "-"
 		if m.Meta.Rank >= 0 {
@@ -68,10 +68,27 @@ func FormatStatus(w io.Writer, members []Member) error {
 		if job == "" {
 			job = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.Name, m.Addr, m.State, m.Meta.Role, rank, m.Meta.Devices, job, step)
+		mem := "-"
+		if m.Meta.ModelBytes > 0 {
+			mem = formatBytes(m.Meta.ModelBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", m.Name, m.Addr, m.State, m.Meta.Role, rank, m.Meta.Devices, job, step, mem)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("print status: %w", err)
 	}
 	return nil
+}
+
+// formatBytes prints a byte count in binary units.
+func formatBytes(b uint64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
 }

@@ -103,27 +103,31 @@ func maxDiff(t *testing.T, a, b map[string][]float32) float64 {
 }
 
 // TestLaunchMatchesSingleProcess is the cross-process equivalence guarantee: N processes over
-// gRPC (N=2) or raw TCP (N=4) with micro-batch m reach the weights of one process with
-// micro-batch N·m after the same steps.
+// gRPC (N=2) or raw TCP (N=4) with micro-batch m, at ZeRO stages 0, 1 and 2 (with offload),
+// reach the weights of one process with micro-batch N·m after the same steps. The stage-2 run's
+// checkpoint (four optimizer shards) then resumes as two processes at stage 1 and continues
+// like the single process resumed from its own.
 func TestLaunchMatchesSingleProcess(t *testing.T) {
 	needDataset(t)
 	t.Setenv(asQVD, "1") // inherited by the processes launch starts
-	common := []string{"-c", "../../configs/fashion-mlp.yaml", "--max-steps", "12", "--epochs", "1", "--train-subset", "3072",
+	common := []string{"-c", "../../configs/fashion-mlp.yaml", "--epochs", "1", "--train-subset", "3072",
 		"--test-subset", "512", "--seed", "5", "--quiet"}
 	single := t.TempDir()
-	if code, out, errs := runQVD(t, append([]string{"train", "--out", single, "--micro-batch", "32"}, common...)...); code != exitOK {
+	if code, out, errs := runQVD(t, append([]string{"train", "--out", single, "--micro-batch", "32", "--max-steps", "12"}, common...)...); code != exitOK {
 		t.Fatalf("single process: exit %d\n%s\n%s", code, out, errs)
 	}
 	want := readModel(t, filepath.Join(single, "checkpoints"))
+	stage2 := ""
 	for _, c := range []struct {
 		n         int
 		micro     string
 		transport string
-	}{{2, "16", "grpc"}, {4, "8", "tcp"}} {
-		t.Run(fmt.Sprintf("N%d-%s", c.n, c.transport), func(t *testing.T) {
+		zero      []string
+	}{{2, "16", "grpc", nil}, {2, "16", "tcp", []string{"--zero-stage", "1"}}, {4, "8", "tcp", []string{"--zero-stage", "2", "--offload", "cpu"}}} {
+		t.Run(fmt.Sprintf("N%d-%s-%s", c.n, c.transport, strings.Join(c.zero, "")), func(t *testing.T) {
 			dir := t.TempDir()
-			args := append([]string{"launch", "--nproc", fmt.Sprint(c.n), "--out", dir, "--micro-batch", c.micro, "--transport", c.transport}, common...)
-			code, out, errs := runQVD(t, args...)
+			args := append([]string{"launch", "--nproc", fmt.Sprint(c.n), "--out", dir, "--micro-batch", c.micro, "--transport", c.transport, "--max-steps", "12"}, c.zero...)
+			code, out, errs := runQVD(t, append(args, common...)...)
 			if code != exitOK {
 				t.Fatalf("launch: exit %d\n%s\n%s", code, out, errs)
 			}
@@ -131,9 +135,29 @@ func TestLaunchMatchesSingleProcess(t *testing.T) {
 			if d := maxDiff(t, want, got); d > 1e-5 {
 				t.Fatalf("%d processes end %g away from the single process", c.n, d)
 			} else {
-				t.Logf("%d processes over %s: max weight difference %.3g", c.n, c.transport, d)
+				t.Logf("%d processes over %s %v: max weight difference %.3g", c.n, c.transport, c.zero, d)
+			}
+			if len(c.zero) > 1 && c.zero[1] == "2" {
+				stage2 = dir
 			}
 		})
+	}
+	if stage2 == "" {
+		return
+	}
+	if code, out, errs := runQVD(t, append([]string{"train", "--out", single, "--micro-batch", "32", "--max-steps", "16", "--resume", "auto"}, common...)...); code != exitOK {
+		t.Fatalf("single process resume: exit %d\n%s\n%s", code, out, errs)
+	}
+	want = readModel(t, filepath.Join(single, "checkpoints"))
+	args := []string{"launch", "--nproc", "2", "--out", stage2, "--micro-batch", "16", "--transport", "tcp", "--max-steps", "16", "--zero-stage", "1", "--resume", "auto"}
+	if code, out, errs := runQVD(t, append(args, common...)...); code != exitOK {
+		t.Fatalf("resuming the 4-process stage-2 checkpoint as 2 processes at stage 1: exit %d\n%s\n%s", code, out, errs)
+	}
+	got := readModel(t, filepath.Join(stage2, "checkpoints"))
+	if d := maxDiff(t, want, got); d > 1e-5 {
+		t.Fatalf("after resharding 4→2 and continuing to step 16, %g away from the single process", d)
+	} else {
+		t.Logf("resharded 4 (stage 2) → 2 (stage 1) and continued: max weight difference %.3g", d)
 	}
 }
 

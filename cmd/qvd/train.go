@@ -40,6 +40,8 @@ type runFlags struct {
 	trainSubset, testSubset int
 	dataPath                string
 	transport               string
+	zeroStage               int
+	offload                 string
 }
 
 func newRunFlags(name string, stderr io.Writer) *runFlags {
@@ -62,6 +64,8 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.testSubset, "test-subset", 0, "evaluate on the first N test samples only (data.test_subset)")
 	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
 	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc or tcp (collective.transport)")
+	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
+	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
 	return f
 }
 
@@ -114,6 +118,10 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Data.Path = f.dataPath
 		case "transport":
 			cfg.Collective.Transport = f.transport
+		case "zero-stage":
+			cfg.Zero.Stage = f.zeroStage
+		case "offload":
+			cfg.Zero.OffloadOptimizer.Device = f.offload
 		}
 	})
 	if err := ds.CheckBatch(&cfg, world); err != nil {
@@ -417,6 +425,11 @@ type stepSink struct {
 func (s stepSink) Write(r metrics.Record) error {
 	if s.node != nil && r.Kind == metrics.KindTrain {
 		s.node.SetStep(r.Step)
+		var total int64
+		for _, b := range r.Memory {
+			total += b
+		}
+		s.node.SetModelBytes(uint64(total))
 	}
 	if s.file != nil {
 		return s.file.Write(r)
