@@ -12,13 +12,12 @@ import (
 	"github.com/qvd/qvd/zero"
 )
 
-// Data parallelism (ZeRO stage 0 / DDP): every rank holds the whole model and optimizer; the
-// global batch of micro × accum × world samples is split so that micro-batch j of rank r is
-// perm[offset + j·world·micro + r·micro : +micro] (data.MicroBatch), i.e. the union over
-// ranks of micro-batch j is exactly a single worker's micro-batch j of world·micro samples.
-// Averaging the ranks' gradients therefore gives the single worker's gradient, and because
-// every rank then holds identical gradient bits, every rank makes the same overflow, clipping
-// and optimizer decisions without further agreement.
+// Data parallelism: the global batch of micro × accum × world samples is split so that
+// micro-batch j of rank r is perm[offset + j·world·micro + r·micro : +micro] (data.MicroBatch),
+// i.e. the union over ranks of micro-batch j is exactly a single worker's micro-batch j of
+// world·micro samples. Averaging the ranks' gradients therefore gives the single worker's
+// gradient, whatever the ZeRO stage (zero.Engine) partitions afterwards, and every rank makes the
+// same overflow, clipping and optimizer decisions without further agreement.
 
 // reduceScalars sums a few float64 figures across ranks (exactly, as long as they are
 // integers below 2^24 or the loss values whose mean is only logged).

@@ -13,10 +13,13 @@
 //
 // Layout is pure arithmetic: the flat parameter space split into contiguous, aligned shards by
 // flat offset. Because shards are defined by offsets, not by tensors, a checkpoint written at
-// N ranks can be re-split at M ranks (Engine.Restore reads whatever old shards overlap).
+// N ranks can be re-split at M ranks (the trainer's restore reads whatever old shards overlap
+// each new one).
 //
-// Engine owns a rank's gradient buffers, its optimizer (over its shard) and the collectives of
-// a step; the trainer drives it. With offload_optimizer.device = cpu the optimizer state and
-// step live in host memory — where the CPU engine keeps them anyway; the GPU engine moves the
-// gradient shard to the host and the parameters back around the same Step.
+// Engine owns a rank's gradient buffers, master weights, its optimizer (over its shard) and the
+// collectives of a step; the trainer drives it. With offload_optimizer.device = cpu the master
+// weights, gradient shard and optimizer state live in host memory and the step runs there; the
+// gradient moves to the host and the parameters back through an offload.Stream. On the CPU
+// engine both sides are the same RAM, but the transfers and the accounting (Memory) are the
+// ones the GPU engine uses. Estimate predicts Memory without allocating anything.
 package zero
