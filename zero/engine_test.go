@@ -1,0 +1,246 @@
+package zero
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/offload"
+)
+
+// ring builds an in-process group of n ranks.
+func ring(t *testing.T, n int) []collective.Communicator {
+	t.Helper()
+	_, ts := collective.NewInproc(n, 1)
+	cfg := collective.DefaultConfig()
+	cfg.Transport = "inproc"
+	cfg.Timeout = 5 * time.Second
+	cfg.ChunkBytes = 4 << 10
+	out := make([]collective.Communicator, n)
+	for r := range n {
+		c, err := collective.NewRing(ts[r], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); ts[r].Close() })
+		out[r] = c
+	}
+	return out
+}
+
+// grad is rank r's gradient element i of micro-batch j: exact in fp32 sums of a few terms.
+func grad(r, j, i int) float32 { return float32((i*7+r*3+j*5)%17-8) / 16 }
+
+// TestEngineStep drives engines by hand through two steps of two micro-batches with plain SGD
+// and checks every rank's parameters against the arithmetic: p -= lr · mean over ranks of the
+// summed micro-batch gradients. Sizes and world sizes include empty shards (more ranks than
+// 16-element blocks), buckets that straddle shards, and stage 2's tensors arriving in pieces.
+func TestEngineStep(t *testing.T) {
+	pool := offload.NewPool(2)
+	defer pool.Close()
+	const lr, micro, steps = 0.5, 2, 2
+	for _, n := range []int{1, 20, 33, 1000} {
+		for _, world := range []int{1, 2, 3, 5} {
+			for stage := 0; stage <= 2; stage++ {
+				for _, off := range []bool{false, true} {
+					name := fmt.Sprintf("n%d/N%d/stage%d/offload=%v", n, world, stage, off)
+					t.Run(name, func(t *testing.T) {
+						cfg := DefaultConfig()
+						cfg.Stage, cfg.ReduceBucketSize, cfg.AllgatherBucketSize = stage, 7, 11
+						if off {
+							cfg.OffloadOptimizer.Device = "cpu"
+						}
+						comms := ring(t, world)
+						engines := make([]*Engine, world)
+						params := make([][]float32, world)
+						for r := range world {
+							params[r] = make([]float32, n)
+							for i := range params[r] {
+								params[r][i] = float32(i%5) - 2
+							}
+							e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: lr}, Params: params[r],
+								Format: half.FP32, Comm: comms[r], Pool: pool})
+							if err != nil {
+								t.Fatal(err)
+							}
+							defer e.Close()
+							engines[r] = e
+						}
+						want := make([]float32, n)
+						for i := range want {
+							want[i] = float32(i%5) - 2
+						}
+						for s := 0; s < steps; s++ {
+							for i := range want {
+								var sum float32
+								for r := range world {
+									for j := range micro {
+										sum += grad(r, j+s, i)
+									}
+								}
+								want[i] -= lr * (sum / float32(world))
+							}
+							errs := make([]error, world)
+							var wg sync.WaitGroup
+							for r := range world {
+								wg.Add(1)
+								go func() {
+									defer wg.Done()
+									errs[r] = step(engines[r], r, s, micro, lr)
+								}()
+							}
+							wg.Wait()
+							if err := errors.Join(errs...); err != nil {
+								t.Fatal(err)
+							}
+						}
+						for r := range world {
+							for i := range want {
+								if math.Abs(float64(params[r][i]-want[i])) > 1e-5 {
+									t.Fatalf("rank %d element %d: %v, want %v", r, i, params[r][i], want[i])
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// step runs one training step of micro micro-batches on engine e as rank r.
+func step(e *Engine, r, s, micro int, lr float32) error {
+	ctx := context.Background()
+	e.BeginStep()
+	n := e.layout.Size
+	g := make([]float32, n)
+	for j := range micro {
+		for i := range g {
+			g[i] = grad(r, j+s, i)
+		}
+		if m := e.Micro(); m != nil {
+			for i := range m {
+				m[i] += g[i]
+			}
+			continue
+		}
+		e.BeginMicro(ctx)
+		// Three "tensors" of uneven sizes, in offset order.
+		cuts := []int{0, n / 3, n / 3 * 2, n}
+		for k := 0; k < 3; k++ {
+			if err := e.MicroSink(cuts[k], g[cuts[k]:cuts[k+1]]); err != nil {
+				return err
+			}
+		}
+		if err := e.EndMicro(); err != nil {
+			return err
+		}
+	}
+	if err := e.Reduce(ctx); err != nil {
+		return err
+	}
+	ss, err := e.SumSquares(ctx)
+	if err != nil {
+		return err
+	}
+	if math.IsNaN(ss) || ss < 0 {
+		return fmt.Errorf("sum of squares %v", ss)
+	}
+	return e.Step(ctx, lr, 1)
+}
+
+// TestEngineSumSquares: at every stage every rank gets the sum of squares of the whole averaged
+// gradient, and a non-finite element on one rank makes it non-finite on all.
+func TestEngineSumSquares(t *testing.T) {
+	pool := offload.NewPool(1)
+	defer pool.Close()
+	const n, world = 100, 3
+	for stage := 0; stage <= 2; stage++ {
+		for _, poison := range []bool{false, true} {
+			cfg := DefaultConfig()
+			cfg.Stage, cfg.ReduceBucketSize = stage, 32
+			comms := ring(t, world)
+			got := make([]float64, world)
+			errs := make([]error, world)
+			var wg sync.WaitGroup
+			for r := range world {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: 1}, Params: make([]float32, n),
+						Format: half.FP32, Comm: comms[r], Pool: pool})
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					defer e.Close()
+					ctx := context.Background()
+					e.BeginStep()
+					g := make([]float32, n)
+					for i := range g {
+						g[i] = float32(r + 1) // mean over ranks: 2
+					}
+					if poison && r == 1 {
+						g[57] = float32(math.Inf(1))
+					}
+					if m := e.Micro(); m != nil {
+						copy(m, g)
+					} else {
+						e.BeginMicro(ctx)
+						if err := e.MicroSink(0, g); err != nil {
+							errs[r] = err
+							return
+						}
+						if errs[r] = e.EndMicro(); errs[r] != nil {
+							return
+						}
+					}
+					if errs[r] = e.Reduce(ctx); errs[r] != nil {
+						return
+					}
+					got[r], errs[r] = e.SumSquares(ctx)
+				}()
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			for r := range world {
+				finite := !math.IsNaN(got[r]) && !math.IsInf(got[r], 0)
+				switch {
+				case poison && finite:
+					t.Errorf("stage %d rank %d: an Inf on rank 1 gave a finite sum %v", stage, r, got[r])
+				case !poison && got[r] != 4*n:
+					t.Errorf("stage %d rank %d: sum of squares %v, want %d", stage, r, got[r], 4*n)
+				}
+			}
+		}
+	}
+}
+
+// TestEngineSinkOrder: stage 2 refuses gradients out of offset order instead of mixing buckets.
+func TestEngineSinkOrder(t *testing.T) {
+	pool := offload.NewPool(1)
+	defer pool.Close()
+	cfg := DefaultConfig()
+	cfg.Stage, cfg.ReduceBucketSize = 2, 10
+	e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: 1}, Params: make([]float32, 40), Format: half.FP32, Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.BeginStep()
+	e.BeginMicro(context.Background())
+	if err := e.MicroSink(20, make([]float32, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.MicroSink(3, make([]float32, 5)); err == nil {
+		t.Fatal("a gradient before the current bucket was accepted")
+	}
+}
