@@ -1,6 +1,6 @@
-// C reference for qvd's CPU optimizer step (offload/adam.go, internal/vec's Adam kernels):
+// C reference for qvd's CPU optimizer step (offload/adam.go over internal/vec/adam.go):
 // AdamW and Adam with L2 weight decay over n float32 parameters, gradients and moments, split
-// across OpenMP threads, with the per-element operations in exactly offload/adam.go's order.
+// across OpenMP threads, with the per-element operations in exactly internal/vec/adam.go's order.
 // Built by bench/run-adamw.sh with -O3 -march=native -fno-math-errno -fopenmp, once with the
 // compiler's default floating-point contraction (GCC fuses b1*m + c1*g and b2*v + (c2*g)*g into
 // FMAs) and once with -ffp-contract=off (then every product is rounded, as in qvd, and the
@@ -49,7 +49,7 @@ static adam_consts step_consts(long t, int decoupled) {
   return k;
 }
 
-// adamw_step is adamDecoupled in offload/adam.go, statement for statement.
+// adamw_step is adamWGeneric in internal/vec/adam.go, statement for statement.
 static void adamw_step(float *restrict p, const float *restrict g, float *restrict m,
                        float *restrict v, long n, adam_consts k) {
 #pragma omp parallel for schedule(static)
@@ -65,7 +65,7 @@ static void adamw_step(float *restrict p, const float *restrict g, float *restri
   }
 }
 
-// adam_step is adamL2: Adam with the weight decay added to the gradient.
+// adam_step is adamL2Generic: Adam with the weight decay added to the gradient.
 static void adam_step(float *restrict p, const float *restrict g, float *restrict m,
                       float *restrict v, long n, adam_consts k) {
 #pragma omp parallel for schedule(static)

@@ -1,6 +1,10 @@
 package offload
 
-import "math"
+import (
+	"math"
+
+	"github.com/qvd/qvd/internal/vec"
+)
 
 // adam is Adam (Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2015) with L2
 // weight decay folded into the gradient, or, when decoupled, AdamW (Loshchilov & Hutter,
@@ -34,14 +38,16 @@ func newAdam(cfg Config, n int) *adam {
 	}
 	o.k = adamPass{
 		m: o.m, v: o.v,
-		b1: float32(cfg.Betas[0]), c1: float32(1 - cfg.Betas[0]),
-		b2: float32(cfg.Betas[1]), c2: float32(1 - cfg.Betas[1]),
-		eps: float32(cfg.Eps),
-		// Without weight decay Adam's update is AdamW's with a decay factor of exactly 1, and
-		// p*1 == p bit for bit, so that case shares the decoupled loop.
-		l2:    !o.decoupled && cfg.WeightDecay != 0,
-		wd:    float32(cfg.WeightDecay),
-		decay: 1,
+		c: vec.AdamConsts{
+			B1: float32(cfg.Betas[0]), C1: float32(1 - cfg.Betas[0]),
+			B2: float32(cfg.Betas[1]), C2: float32(1 - cfg.Betas[1]),
+			Eps: float32(cfg.Eps),
+			WD:  float32(cfg.WeightDecay),
+			// Without weight decay Adam's update is AdamW's with a decay factor of exactly 1,
+			// and p*1 == p bit for bit, so that case shares the decoupled kernel.
+			Decay: 1,
+		},
+		l2: !o.decoupled && cfg.WeightDecay != 0,
 	}
 	return o
 }
@@ -53,11 +59,11 @@ func (o *adam) Step(params, grads []float32, lr, gradScale float32) {
 	bc2 := 1 - math.Pow(o.b2, float64(t))
 	k := &o.k
 	k.p, k.g = params, grads
-	k.scale = gradScale
-	k.negStep = float32(-float64(lr) / bc1)
-	k.bc2Sqrt = float32(math.Sqrt(bc2))
+	k.c.Scale = gradScale
+	k.c.NegStep = float32(-float64(lr) / bc1)
+	k.c.BC2Sqrt = float32(math.Sqrt(bc2))
 	if o.decoupled {
-		k.decay = float32(1 - float64(lr)*o.wd)
+		k.c.Decay = float32(1 - float64(lr)*o.wd)
 	}
 	o.pool.Run(o.n, o.grain, k)
 	k.p, k.g = nil, nil // keep no reference to the caller's buffers
@@ -68,62 +74,20 @@ func (o *adam) State() []NamedBuffer {
 	return []NamedBuffer{{Name: "exp_avg", Data: o.m}, {Name: "exp_avg_sq", Data: o.v}}
 }
 
-// adamPass is one Step's update as a Ranger.
+// adamPass is one Step's update as a Ranger. The per-element arithmetic is internal/vec's
+// AdamW and AdamL2: AVX2 on amd64 CPUs that have it, plain Go loops elsewhere, with the same
+// bits either way.
 type adamPass struct {
 	p, g, m, v []float32
-	// per-optimizer constants
-	b1, c1, b2, c2, eps, wd float32 // c1 = 1-b1, c2 = 1-b2, rounded from float64
-	l2                      bool
-	// per-step constants
-	scale, negStep, bc2Sqrt, decay float32
+	c          vec.AdamConsts // per-optimizer fields set in newAdam, per-step ones in Step
+	l2         bool
 }
 
 func (k *adamPass) Range(lo, hi int) {
 	p, g, m, v := k.p[lo:hi], k.g[lo:hi], k.m[lo:hi], k.v[lo:hi]
 	if k.l2 {
-		adamL2(p, g, m, v, k)
+		vec.AdamL2(p, g, m, v, &k.c)
 	} else {
-		adamDecoupled(p, g, m, v, k)
-	}
-}
-
-// sqrt32 is correctly rounded: float64 carries more than twice float32's precision plus two
-// bits, so rounding the float64 square root to float32 rounds only once in effect. The compiler
-// turns it into a single SQRTSS.
-func sqrt32(x float32) float32 { return float32(math.Sqrt(float64(x))) }
-
-// The float32(...) conversions around products force them to be rounded before the addition,
-// so no platform fuses them into FMAs: results are then the same on amd64 and arm64.
-//
-// The operation order follows PyTorch's kernels: addcmul(v, g, g, value=c) = v + c*g*g,
-// addcdiv(p, m, denom, value=-s) = p + (-s*m)/denom.
-
-func adamDecoupled(p, g, m, v []float32, k *adamPass) {
-	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)] // equal lengths: no bounds checks in the loop
-	b1, c1, b2, c2, eps := k.b1, k.c1, k.b2, k.c2, k.eps
-	scale, negStep, bc2Sqrt, decay := k.scale, k.negStep, k.bc2Sqrt, k.decay
-	for i := range p {
-		pi := float32(p[i] * decay)
-		gi := float32(g[i] * scale)
-		mi := float32(b1*m[i]) + float32(c1*gi)
-		vi := float32(b2*v[i]) + float32(float32(c2*gi)*gi)
-		denom := float32(sqrt32(vi)/bc2Sqrt) + eps
-		p[i] = pi + float32(negStep*mi)/denom
-		m[i], v[i] = mi, vi
-	}
-}
-
-func adamL2(p, g, m, v []float32, k *adamPass) {
-	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)] // equal lengths: no bounds checks in the loop
-	b1, c1, b2, c2, eps, wd := k.b1, k.c1, k.b2, k.c2, k.eps, k.wd
-	scale, negStep, bc2Sqrt := k.scale, k.negStep, k.bc2Sqrt
-	for i := range p {
-		pi := p[i]
-		gi := float32(g[i]*scale) + float32(wd*pi)
-		mi := float32(b1*m[i]) + float32(c1*gi)
-		vi := float32(b2*v[i]) + float32(float32(c2*gi)*gi)
-		denom := float32(sqrt32(vi)/bc2Sqrt) + eps
-		p[i] = pi + float32(negStep*mi)/denom
-		m[i], v[i] = mi, vi
+		vec.AdamW(p, g, m, v, &k.c)
 	}
 }

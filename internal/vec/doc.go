@@ -1,7 +1,8 @@
 // Package vec holds the element-wise float32 kernels of qvd's hot loops: the collectives add
 // received pieces into fp32 buffers (Add, AddDecodedF16, AddDecodedBF16), average them
 // (AddScale, Scale), and move fp16/bf16 words on the wire (EncodeF16, DecodeF16,
-// EncodeBF16); the optimizer and gradient clipping take norms (SumSquares) and maxima (Max).
+// EncodeBF16); the optimizer and gradient clipping take norms (SumSquares) and maxima (Max);
+// the CPU optimizer steps Adam and AdamW over its shard (AdamW, AdamL2).
 //
 // On amd64 CPUs with AVX2 and F16C the kernels are assembly (vec_amd64.s), chosen at run time
 // with golang.org/x/sys/cpu; elsewhere, and everywhere under the build tag purego, they are
@@ -28,6 +29,9 @@
 //     when both operands are NaNs: that choice is the hardware's (x86 returns the first
 //     operand, arm64 prefers a signalling NaN). A single NaN operand comes out made quiet on
 //     every CPU.
+//   - AdamW and AdamL2 are sequences of single IEEE float32 operations (multiply, add,
+//     divide, square root; never a fused multiply-add) in a fixed order, so the same holds
+//     for them; TestAdamGolden pins their bits.
 //   - Max has the builtin max's semantics, and its NaN results are pinned down too: when the
 //     operands are equal or either is a NaN, the result has the OR of their bits with the sign
 //     bit of their AND. That is exactly what the builtin compiles to on amd64.

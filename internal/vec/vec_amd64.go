@@ -49,6 +49,12 @@ func encodeBF16AVX2(dst *uint16, src *float32, n int)
 //go:noescape
 func addDecodedBF16AVX2(dst *float32, src *uint16, n int)
 
+//go:noescape
+func adamWAVX2(p, grad, m, v *float32, n int, c *AdamConsts)
+
+//go:noescape
+func adamL2AVX2(p, grad, m, v *float32, n int, c *AdamConsts)
+
 func accelerated() string {
 	if useAVX2 {
 		return "avx2+f16c"
@@ -175,4 +181,20 @@ func addDecodedBF16(dst []float32, src []uint16) {
 		dst, src = dst[n:], src[n:]
 	}
 	addDecodedBF16Generic(dst, src)
+}
+
+func adamW(p, g, m, v []float32, c *AdamConsts) {
+	for n := vecLen(len(p)); n > 0; n = vecLen(len(p)) {
+		adamWAVX2(&p[0], &g[0], &m[0], &v[0], n, c)
+		p, g, m, v = p[n:], g[n:], m[n:], v[n:]
+	}
+	adamWGeneric(p, g, m, v, c)
+}
+
+func adamL2(p, g, m, v []float32, c *AdamConsts) {
+	for n := vecLen(len(p)); n > 0; n = vecLen(len(p)) {
+		adamL2AVX2(&p[0], &g[0], &m[0], &v[0], n, c)
+		p, g, m, v = p[n:], g[n:], m[n:], v[n:]
+	}
+	adamL2Generic(p, g, m, v, c)
 }

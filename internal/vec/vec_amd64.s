@@ -1,5 +1,6 @@
 //go:build amd64 && !purego
 
+#include "go_asm.h"
 #include "textflag.h"
 
 // AVX2 kernels for vec_amd64.go. Each takes a count n that is a multiple of 8 (possibly zero)
@@ -537,5 +538,129 @@ addDecodedBF168Loop:
 	JNZ       addDecodedBF168Loop
 
 addDecodedBF16Done:
+	VZEROUPPER
+	RET
+
+// The Adam kernels (AdamW, AdamL2) do the Go loops' operations in the same order, each a
+// separate VMULPS, VADDPS, VDIVPS or VSQRTPS — never an FMA, whose single rounding would change
+// the bits. They work on 16 elements per iteration while at least 16 remain, then on 8: two
+// blocks of three registers each, with the nine broadcast constants held in Y6-Y14. A step is
+// bound by memory traffic (28 bytes per element), and the two VDIVPS and one VSQRTPS per block
+// keep a core's divider busy about 2 cycles per element, so wider registers would not help.
+//
+// Base pointers p, g, m, v in DI, SI, R8, R9; BX is the byte offset shared by all four.
+// Constants: Y6 b1, Y7 c1, Y8 b2, Y9 c2, Y10 eps, Y11 scale, Y12 negStep, Y13 bc2Sqrt, Y14 decay
+// (AdamW) or wd (AdamL2).
+
+#define ADAM_CONSTS(c) \
+	VBROADCASTSS AdamConsts_B1(c), Y6; \
+	VBROADCASTSS AdamConsts_C1(c), Y7; \
+	VBROADCASTSS AdamConsts_B2(c), Y8; \
+	VBROADCASTSS AdamConsts_C2(c), Y9; \
+	VBROADCASTSS AdamConsts_Eps(c), Y10; \
+	VBROADCASTSS AdamConsts_Scale(c), Y11; \
+	VBROADCASTSS AdamConsts_NegStep(c), Y12; \
+	VBROADCASTSS AdamConsts_BC2Sqrt(c), Y13
+
+// ADAM_MOMENTS takes g' in G and updates the 8 moments at byte offset off: m = b1*m + c1*g'
+// into M and stored, v = b2*v + (c2*g')*g' stored, and leaves the step (negStep*m)/denom in M,
+// with denom = sqrt(v)/bc2Sqrt + eps. G and T are clobbered.
+#define ADAM_MOMENTS(off, G, M, T) \
+	VMULPS  off(R8)(BX*1), Y6, M; \
+	VMULPS  G, Y7, T; \
+	VADDPS  T, M, M; \
+	VMOVUPS M, off(R8)(BX*1); \
+	VMULPS  G, Y9, T; \
+	VMULPS  G, T, T; \
+	VMULPS  off(R9)(BX*1), Y8, G; \
+	VADDPS  T, G, G; \
+	VMOVUPS G, off(R9)(BX*1); \
+	VSQRTPS G, G; \
+	VDIVPS  Y13, G, G; \
+	VADDPS  Y10, G, G; \
+	VMULPS  M, Y12, M; \
+	VDIVPS  G, M, M
+
+// ADAMW_BLOCK: g' = g*scale; p = p*decay + step.
+#define ADAMW_BLOCK(off, G, M, T) \
+	VMULPS  off(SI)(BX*1), Y11, G; \
+	ADAM_MOMENTS(off, G, M, T); \
+	VMULPS  off(DI)(BX*1), Y14, T; \
+	VADDPS  M, T, T; \
+	VMOVUPS T, off(DI)(BX*1)
+
+// ADAML2_BLOCK: g' = g*scale + wd*p; p = p + step.
+#define ADAML2_BLOCK(off, G, M, T) \
+	VMULPS  off(SI)(BX*1), Y11, G; \
+	VMULPS  off(DI)(BX*1), Y14, T; \
+	VADDPS  T, G, G; \
+	ADAM_MOMENTS(off, G, M, T); \
+	VMOVUPS off(DI)(BX*1), T; \
+	VADDPS  M, T, T; \
+	VMOVUPS T, off(DI)(BX*1)
+
+// func adamWAVX2(p, grad, m, v *float32, n int, c *AdamConsts)
+TEXT ·adamWAVX2(SB), NOSPLIT, $0-48
+	MOVQ         p+0(FP), DI
+	MOVQ         grad+8(FP), SI
+	MOVQ         m+16(FP), R8
+	MOVQ         v+24(FP), R9
+	MOVQ         n+32(FP), CX
+	MOVQ         c+40(FP), AX
+	ADAM_CONSTS(AX)
+	VBROADCASTSS AdamConsts_Decay(AX), Y14
+	SHLQ         $2, CX       // bytes
+	MOVQ         CX, DX
+	ANDQ         $-64, DX     // bytes in whole 16-element blocks
+	XORQ         BX, BX
+	TESTQ        DX, DX
+	JZ           adamW8
+
+adamW16:
+	ADAMW_BLOCK(0, Y0, Y1, Y2)
+	ADAMW_BLOCK(32, Y3, Y4, Y5)
+	ADDQ $64, BX
+	CMPQ BX, DX
+	JB   adamW16
+
+adamW8:
+	CMPQ BX, CX
+	JAE  adamWDone
+	ADAMW_BLOCK(0, Y0, Y1, Y2)
+
+adamWDone:
+	VZEROUPPER
+	RET
+
+// func adamL2AVX2(p, grad, m, v *float32, n int, c *AdamConsts)
+TEXT ·adamL2AVX2(SB), NOSPLIT, $0-48
+	MOVQ         p+0(FP), DI
+	MOVQ         grad+8(FP), SI
+	MOVQ         m+16(FP), R8
+	MOVQ         v+24(FP), R9
+	MOVQ         n+32(FP), CX
+	MOVQ         c+40(FP), AX
+	ADAM_CONSTS(AX)
+	VBROADCASTSS AdamConsts_WD(AX), Y14
+	SHLQ         $2, CX
+	MOVQ         CX, DX
+	ANDQ         $-64, DX
+	XORQ         BX, BX
+	TESTQ        DX, DX
+	JZ           adamL28
+
+adamL216:
+	ADAML2_BLOCK(0, Y0, Y1, Y2)
+	ADAML2_BLOCK(32, Y3, Y4, Y5)
+	ADDQ $64, BX
+	CMPQ BX, DX
+	JB   adamL216
+
+adamL28:
+	CMPQ BX, CX
+	JAE  adamL2Done
+	ADAML2_BLOCK(0, Y0, Y1, Y2)
+
+adamL2Done:
 	VZEROUPPER
 	RET

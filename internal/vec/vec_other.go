@@ -16,3 +16,6 @@ func addDecodedF16(dst []float32, src []uint16)  { addDecodedF16Generic(dst, src
 func encodeBF16(dst []uint16, src []float32)     { encodeBF16Generic(dst, src) }
 func addDecodedBF16(dst []float32, src []uint16) { addDecodedBF16Generic(dst, src) }
 func accelerated() string                        { return "purego" }
+
+func adamW(p, g, m, v []float32, c *AdamConsts)  { adamWGeneric(p, g, m, v, c) }
+func adamL2(p, g, m, v []float32, c *AdamConsts) { adamL2Generic(p, g, m, v, c) }

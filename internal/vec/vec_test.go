@@ -521,8 +521,12 @@ func TestNoAllocs(t *testing.T) {
 	f32a, f32b := make([]float32, 1001), make([]float32, 1001)
 	w := make([]uint16, 1001)
 	a, b, h := f32a[1:], f32b[1:], w[1:]
+	m, v := make([]float32, 1000), make([]float32, 1000)
+	k := adamTestConsts(1e-3, 0.01, 1, 1)
 	var sink float64
 	cases := map[string]func(){
+		"AdamW":          func() { AdamW(a, b, m, v, k) },
+		"AdamL2":         func() { AdamL2(a, b, m, v, k) },
 		"Add":            func() { Add(a, b) },
 		"AddScale":       func() { AddScale(a, b, 0.5) },
 		"Scale":          func() { Scale(a, 1) },
@@ -547,7 +551,11 @@ func TestNoAllocs(t *testing.T) {
 
 func TestLengthMismatchPanics(t *testing.T) {
 	f4, f5, w4 := make([]float32, 4), make([]float32, 5), make([]uint16, 4)
+	k := &AdamConsts{}
 	cases := map[string]func(){
+		"AdamW g":        func() { AdamW(f4, f5, f4, f4, k) },
+		"AdamW m":        func() { AdamW(f4, f4, f5, f4, k) },
+		"AdamL2 v":       func() { AdamL2(f4, f4, f4, f5, k) },
 		"Add":            func() { Add(f4, f5) },
 		"AddScale":       func() { AddScale(f5, f4, 2) },
 		"Max":            func() { Max(f4, f5) },
