@@ -9,9 +9,22 @@ import (
 	"github.com/qvd/qvd/zero"
 )
 
-// memoryRecord flattens the engine's accounting for the metrics file.
+// memoryRecord flattens the engine's accounting for the metrics file, with the collective's
+// own frame buffers (which grow with use, up to a bound set by collective.chunk_bytes) as
+// device_comm_buffers.
+func (t *Trainer) memoryRecord() map[string]int64 {
+	out := memoryRecord(t.eng.Memory())
+	if c, ok := t.comm.(interface{ BufferBytes() int64 }); ok {
+		if b := c.BufferBytes(); b > 0 {
+			out["device_comm_buffers"] = b
+		}
+	}
+	return out
+}
+
+// memoryRecord flattens the engine's accounting.
 func memoryRecord(m zero.Memory) map[string]int64 {
-	out := make(map[string]int64, 10)
+	out := make(map[string]int64, 11)
 	for _, side := range []struct {
 		name string
 		b    zero.Bytes
@@ -32,7 +45,7 @@ func memoryRecord(m zero.Memory) map[string]int64 {
 func (t *Trainer) logMemory() {
 	m := t.eng.Memory()
 	fields := []zap.Field{zap.Int("zero_stage", t.zeroCfg.Stage), zap.Int64("total_bytes", m.Total())}
-	rec := memoryRecord(m)
+	rec := t.memoryRecord()
 	for _, k := range slices.Sorted(maps.Keys(rec)) {
 		fields = append(fields, zap.Int64(k, rec[k]))
 	}

@@ -131,7 +131,7 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 	}
 	snap := t.mem.Read()
 	rec.HeapBytes, rec.RSSBytes = snap.HeapInUse, snap.RSS
-	rec.Memory = memoryRecord(t.eng.Memory())
+	rec.Memory = t.memoryRecord()
 	rec.Time = float64(t.clock.Now().UnixNano()) / 1e9
 	res.LastLoss = rec.Loss
 	if t.metrics != nil {
