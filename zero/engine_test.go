@@ -244,3 +244,43 @@ func TestEngineSinkOrder(t *testing.T) {
 		t.Fatal("a gradient before the current bucket was accepted")
 	}
 }
+
+// TestEngineStepAllocs: a whole step (stage 2 with offload: micro-batch streaming, transfers
+// to and from the host, the host optimizer step) allocates nothing.
+func TestEngineStepAllocs(t *testing.T) {
+	pool := offload.NewPool(2)
+	defer pool.Close()
+	cfg := DefaultConfig()
+	cfg.Stage, cfg.ReduceBucketSize, cfg.OffloadOptimizer.Device = 2, 1000, "cpu"
+	const n = 10_000
+	e, err := NewEngine(Options{Config: cfg, Optimizer: offload.DefaultConfig(), Params: make([]float32, n), Format: half.BF16, Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	g := make([]float32, n)
+	ctx := context.Background()
+	run := func() {
+		e.BeginStep()
+		e.BeginMicro(ctx)
+		if err := e.MicroSink(0, g); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.EndMicro(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Reduce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.SumSquares(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Step(ctx, 1e-3, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run()
+	if a := testing.AllocsPerRun(10, run); a != 0 {
+		t.Fatalf("a step allocates %v times", a)
+	}
+}
