@@ -29,7 +29,7 @@ func (r *Ring) dispatch() {
 			h, p, err = r.t.Recv(r.ctx, r.prev, b)
 		}
 		if err != nil {
-			r.free <- b
+			r.putFree(b)
 			if r.ctx.Err() != nil {
 				return
 			}

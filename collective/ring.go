@@ -59,7 +59,13 @@ type Ring struct {
 	once   sync.Once
 	wg     sync.WaitGroup
 
-	free      chan []byte // idle receive buffers
+	// free holds idle receive buffers as a stack: the buffer released last is reused first,
+	// while it is still in cache. A FIFO would cycle through all recvBuffers (8 MiB at the
+	// default piece size), so every received piece would land in memory no core had touched
+	// recently. freed wakes a dispatcher waiting for a buffer.
+	freeMu sync.Mutex
+	free   [][]byte
+	freed  chan struct{}
 	nbufs     atomic.Int64
 	sendBytes atomic.Int64
 
@@ -150,7 +156,8 @@ func NewRing(t Transport, cfg Config) (*Ring, error) {
 		prev: mod(rank-1, size), next: mod(rank+1, size),
 		bufSize: cfg.ChunkBytes,
 		done:    make(chan struct{}),
-		free:    make(chan []byte, recvBuffers),
+		free:    make([][]byte, 0, recvBuffers),
+		freed:   make(chan struct{}, 1),
 		ctrl:    make(chan abortMsg, ctrlQueue),
 		wake:    make(chan struct{}, 1),
 	}
@@ -464,20 +471,47 @@ func (r *Ring) queueAbort(a *abortMsg) {
 // getBuf returns a receive buffer, allocating up to recvBuffers of them and then waiting for
 // one to be released (back-pressure). nil once the Ring is closed.
 func (r *Ring) getBuf() []byte {
-	select {
-	case b := <-r.free:
+	if b := r.popFree(); b != nil {
 		return b
-	default:
 	}
 	if r.nbufs.Load() < recvBuffers { // only the dispatcher allocates, so this cannot overshoot
 		r.nbufs.Add(1)
 		return alignedBytes(r.bufSize)
 	}
-	select {
-	case b := <-r.free:
-		return b
-	case <-r.done:
+	for {
+		select {
+		case <-r.freed:
+			if b := r.popFree(); b != nil {
+				return b
+			}
+		case <-r.done:
+			return nil
+		}
+	}
+}
+
+// popFree takes the most recently released buffer, or nil.
+func (r *Ring) popFree() []byte {
+	r.freeMu.Lock()
+	defer r.freeMu.Unlock()
+	n := len(r.free)
+	if n == 0 {
 		return nil
+	}
+	b := r.free[n-1]
+	r.free[n-1] = nil
+	r.free = r.free[:n-1]
+	return b
+}
+
+// putFree returns a buffer to the pool; never blocks.
+func (r *Ring) putFree(b []byte) {
+	r.freeMu.Lock()
+	r.free = append(r.free, b)
+	r.freeMu.Unlock()
+	select {
+	case r.freed <- struct{}{}:
+	default:
 	}
 }
 
@@ -485,7 +519,7 @@ func (r *Ring) getBuf() []byte {
 // allocated, so this never blocks.
 func (r *Ring) release(f frame) {
 	if f.buf != nil {
-		r.free <- f.buf[:cap(f.buf)]
+		r.putFree(f.buf[:cap(f.buf)])
 	}
 }
 

@@ -21,9 +21,12 @@ const (
 	// 64 MiB did not help. Setting them also turns BDP probing off.
 	streamWindow = 16 << 20
 	connWindow   = 32 << 20
-	// ioBufferSize is gRPC's per-connection read and write buffer: the largest single gain
-	// over the 32 KiB default (more data per syscall); 4 MiB did not help, and a write
-	// buffer of 0 halves throughput.
+	// ioBufferSize is gRPC's per-connection write buffer: the largest single gain over the
+	// 32 KiB default (more data per syscall); 4 MiB did not help, and a write buffer of 0
+	// halves throughput. The read buffer is off (0): gRPC's HTTP/2 framer then reads frames
+	// straight from the socket into its message buffers instead of copying them out of a
+	// buffered reader, one copy of every received byte less (~+15% busbw at 2 ranks, 64 MiB,
+	// 1.16x in 5 interleaved runs) for a few more, smaller read syscalls.
 	ioBufferSize = 1 << 20
 	// maxMessage is the largest gRPC message a frame can make: a header and the largest
 	// payload collective.ParseHeader admits. gRPC's default receive limit is 4 MiB.
@@ -54,7 +57,7 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.WriteBufferSize(ioBufferSize),
-		grpc.ReadBufferSize(ioBufferSize),
+		grpc.ReadBufferSize(0),
 		grpc.MaxRecvMsgSize(maxMessage),
 		grpc.MaxSendMsgSize(maxMessage),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: serverPingAfter, Timeout: serverPingTimeout}),
@@ -76,7 +79,7 @@ func DialOptions() []grpc.DialOption {
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithWriteBufferSize(ioBufferSize),
-		grpc.WithReadBufferSize(ioBufferSize),
+		grpc.WithReadBufferSize(0),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time: clientPingAfter, Timeout: clientPingTimeout, PermitWithoutStream: true,
