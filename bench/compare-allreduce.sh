@@ -3,7 +3,7 @@
 # (TCP loopback and shared memory) against `qvd bench allreduce` (gRPC and TCP transports),
 # interleaved so that load changes hit both alike. Prints the median busbw of ROUNDS runs.
 #   apt-get install -y openmpi-bin libopenmpi-dev
-#   bench/compare-allreduce.sh [SIZE] [ROUNDS]      (default 64MiB, 5 rounds; NPROC="2 4")
+#   bench/compare-allreduce.sh [SIZE] [ROUNDS]      (default 64MiB, 5 rounds; NPROC="2 4", ITERS=10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-64MiB}
@@ -15,12 +15,12 @@ root=()
 declare -A res
 for np in ${NPROC:-2 4}; do
   for r in $(seq "$rounds"); do
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters 10 "$size" | awk '!/^#/{print $4}')
+    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | awk '!/^#/{print $4}')
     res["mpi-tcp,$np"]+="$v "
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters 10 "$size" | awk '!/^#/{print $4}')
+    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | awk '!/^#/{print $4}')
     res["mpi-shm,$np"]+="$v "
     for t in grpc tcp; do
-      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters 10 2>/dev/null | awk '/^\[rank 0\] +[0-9]/{print $6}')
+      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters "${ITERS:-10}" 2>/dev/null | awk '/^\[rank 0\] +[0-9]/{print $6}')
       res["qvd-$t,$np"]+="$v "
     done
   done
