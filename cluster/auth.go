@@ -36,10 +36,10 @@ import (
 // the cluster key can call the control service or open the collectives' streams — but it
 // does not encrypt or integrity-protect the traffic after the header: an on-path attacker
 // can read tensors and configs, and could tamper with an authenticated stream. The roster's
-// own HMAC and its sealed data secret (see roster.go) do not depend on this. mTLS (a later
-// milestone) adds confidentiality and integrity; add it with grpc.Creds on the server and a
-// later grpc.WithTransportCredentials on the client, which overrides the insecure default
-// of DialOptions.
+// own HMAC and its sealed data secret (see roster.go) do not depend on this. With mutual
+// TLS (tls.go; ServerOptions and DialOptions given a *TLS) the header travels inside the
+// encrypted channel and both checks apply: a caller needs a certificate from the cluster's
+// CA and the key.
 
 const (
 	authHeader  = "qvd-auth"
@@ -121,28 +121,37 @@ func (c keyCredentials) GetRequestMetadata(ctx context.Context, _ ...string) (ma
 	return map[string]string{authHeader: tok}, nil
 }
 
-// RequireTransportSecurity is false so the credentials work over plain TCP until mTLS
-// arrives; see the package comment on what that leaves unprotected.
+// RequireTransportSecurity is false so the credentials work over plain TCP when the cluster
+// runs without TLS; see the comment above on what that leaves unprotected.
 func (keyCredentials) RequireTransportSecurity() bool { return false }
 
 // DialOptions returns the options every qvd gRPC client uses: per-call credentials proving
-// possession of the cluster key, and (until mTLS) plain TCP transport.
-func DialOptions(key []byte) []grpc.DialOption {
+// possession of the cluster key, over mutual TLS with t, or over plain TCP when t is nil.
+func DialOptions(key []byte, t *TLS) []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if t != nil {
+		creds = credentials.NewTLS(t.ClientConfig())
+	}
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithPerRPCCredentials(keyCredentials{key: deriveKeys(key).grpc, now: time.Now}),
 	}
 }
 
-// ServerOptions returns the interceptors every qvd gRPC server installs: each unary call and
-// each stream is refused with codes.Unauthenticated unless it carries valid credentials for
-// the cluster key (see DialOptions). They are chained, so other interceptors may be added.
-func ServerOptions(key []byte) []grpc.ServerOption {
+// ServerOptions returns the options every qvd gRPC server installs: mutual TLS with t (none
+// when t is nil: plain TCP), and interceptors that refuse each unary call and each stream
+// with codes.Unauthenticated unless it carries valid credentials for the cluster key (see
+// DialOptions). The interceptors are chained, so other interceptors may be added.
+func ServerOptions(key []byte, t *TLS) []grpc.ServerOption {
 	a := newAuthenticator(deriveKeys(key).grpc, time.Now)
-	return []grpc.ServerOption{
+	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(a.unary),
 		grpc.ChainStreamInterceptor(a.stream),
 	}
+	if t != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(t.ServerConfig())))
+	}
+	return opts
 }
 
 type authenticator struct {

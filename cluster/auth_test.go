@@ -66,11 +66,11 @@ func TestControlAuth(t *testing.T) {
 	_, err := callPrepare(ctx, none, good)
 	wantCode(t, "no credentials", err, codes.Unauthenticated)
 
-	wrong := dial(t, addr, DialOptions(otherKey)...)
+	wrong := dial(t, addr, DialOptions(otherKey, nil)...)
 	_, err = callPrepare(ctx, wrong, good)
 	wantCode(t, "another key's credentials", err, codes.Unauthenticated)
 
-	cc := dial(t, addr, DialOptions(testKey)...)
+	cc := dial(t, addr, DialOptions(testKey, nil)...)
 	forged := rosterFor(t, testKey, "job", 10, w)
 	forged.Config = []byte("steps: 1000000") // changed after signing
 	_, err = callPrepare(ctx, cc, forged)
@@ -83,7 +83,7 @@ func TestControlAuth(t *testing.T) {
 	_, err = callCommit(ctx, cc, signCommit(deriveKeys(testKey), "job", 10))
 	wantCode(t, "commit before prepare", err, codes.FailedPrecondition)
 
-	obsCC := dial(t, obs.LocalMeta().GRPC, DialOptions(testKey)...)
+	obsCC := dial(t, obs.LocalMeta().GRPC, DialOptions(testKey, nil)...)
 	_, err = callPrepare(ctx, obsCC, rosterFor(t, testKey, "job", 10, obs))
 	wantCode(t, "roster for an observer", err, codes.FailedPrecondition)
 
@@ -144,7 +144,7 @@ func TestStreamAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(ServerOptions(testKey)...)
+	srv := grpc.NewServer(ServerOptions(testKey, nil)...)
 	srv.RegisterService(&echoDesc, struct{}{})
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()
@@ -175,8 +175,8 @@ func TestStreamAuth(t *testing.T) {
 		return nil
 	}
 	wantCode(t, "stream without credentials", echo(grpc.WithTransportCredentials(insecure.NewCredentials())), codes.Unauthenticated)
-	wantCode(t, "stream with another key", echo(DialOptions(otherKey)...), codes.Unauthenticated)
-	if err := echo(DialOptions(testKey)...); err != nil {
+	wantCode(t, "stream with another key", echo(DialOptions(otherKey, nil)...), codes.Unauthenticated)
+	if err := echo(DialOptions(testKey, nil)...); err != nil {
 		t.Fatalf("stream with the key: %v", err)
 	}
 }

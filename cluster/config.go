@@ -38,6 +38,11 @@ type Config struct {
 	// memberlist's keyring), authenticates gRPC calls (ServerOptions, DialOptions) and signs
 	// rosters. Required.
 	Key []byte `yaml:"-"`
+	// TLS, when not nil, is this node's mutual-TLS identity: the caller loads it (see
+	// TLSConfig) and builds its gRPC server with ServerOptions(Key, TLS). The node dials the
+	// rendezvous over it and advertises its CA's fingerprint, so a node with another CA, or
+	// with TLS on one side only, is refused at join (ErrTLSMismatch).
+	TLS *TLS `yaml:"-" json:"-"`
 }
 
 // GossipConfig tunes memberlist's SWIM failure detector. The defaults are for training

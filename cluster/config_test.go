@@ -61,6 +61,7 @@ func TestMetaFits(t *testing.T) {
 		Gen:     ^uint64(0),
 		Rank:    MaxWorld - 1,
 		Step:    1<<63 - 1,
+		TLS:     strings.Repeat("f", fingerprintLen),
 	}
 	b, err := worst.encode()
 	if err != nil {

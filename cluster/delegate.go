@@ -121,7 +121,25 @@ func (n *Node) admit(peer *memberlist.Node) error {
 	if !Compatible(meta.Version, local.Version) {
 		return fmt.Errorf("%w: %s", ErrIncompatibleVersion, versionMismatch(meta.Role, peer.Name, peer.Address(), meta.Version, local.Version))
 	}
+	if meta.TLS != local.TLS {
+		return fmt.Errorf("%w: %s", ErrTLSMismatch, tlsMismatch(meta.Role, peer.Name, peer.Address(), meta.TLS, local.TLS))
+	}
 	return nil
+}
+
+// tlsMismatch describes a peer whose TLS setup differs from ours.
+func tlsMismatch(role, name, addr, theirs, ours string) string {
+	if role == "" {
+		role = "node"
+	}
+	describe := func(fp string) string {
+		if fp == "" {
+			return "no TLS"
+		}
+		return "mutual TLS with CA " + fp
+	}
+	return fmt.Sprintf("%s %s (%s) uses %s, this node uses %s (every node needs the same --tls-ca, and a certificate it signed)",
+		role, name, addr, describe(theirs), describe(ours))
 }
 
 // logRefusal warns once per node name and metadata: memberlist re-delivers a refused

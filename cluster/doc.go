@@ -28,6 +28,12 @@
 //     auth.go): without TLS this authenticates callers but does not encrypt the traffic.
 //   - Rosters are signed with a derived key and their data secret is sealed (AES-GCM), so
 //     a roster cannot be forged and the secret is not readable on the wire.
+//   - Optionally, mutual TLS (tls.go): Config.TLS, loaded from TLSConfig's files, puts every
+//     gRPC connection in TLS 1.3 with both ends' certificates verified against the cluster's
+//     private CA (ServerOptions, DialOptions); nodes advertise the CA's fingerprint and refuse
+//     to merge with a node of another CA or without TLS (ErrTLSMismatch).
+//
+// The threat model, what is protected and what not, is in docs/security.md.
 //
 // Versions: members must run the same major.minor of qvd; a node of another version is
 // refused on both sides of its join (ErrIncompatibleVersion on the joiner, a warning on the

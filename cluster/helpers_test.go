@@ -83,7 +83,7 @@ func startNode(t *testing.T, name, role string, opts ...nodeOpt) *testNode {
 		_ = lis.Close()
 		t.Fatalf("New(%s): %v", name, err)
 	}
-	srv := grpc.NewServer(ServerOptions(cfg.Key)...)
+	srv := grpc.NewServer(ServerOptions(cfg.Key, cfg.TLS)...)
 	n.Register(srv)
 	tn := &testNode{Node: n, logs: logs, srv: srv, served: make(chan struct{})}
 	go func() {

@@ -37,6 +37,9 @@ type Meta struct {
 	// ModelBytes is what the member holds for training (parameters, gradients, master
 	// weights, optimizer state, staging buffers), as its engine accounts it.
 	ModelBytes uint64 `json:"b,omitempty"`
+	// TLS is the fingerprint of the node's TLS CA (TLS.Fingerprint), "" without TLS; set by
+	// New from Config.TLS. Members must agree on it (see admit).
+	TLS string `json:"t,omitempty"`
 }
 
 // Limits on Meta fields; with JSON's short keys the largest valid Meta is well under 512 bytes.
@@ -83,6 +86,9 @@ func (m Meta) Validate() error {
 		if !plainText(a.v) {
 			return bad("%s address %q must be printable ASCII", a.name, a.v)
 		}
+	}
+	if len(m.TLS) > fingerprintLen || !plainText(m.TLS) {
+		return bad("TLS fingerprint %q must be at most %d printable characters", m.TLS, fingerprintLen)
 	}
 	if m.Devices < 0 || m.Devices > maxDevices {
 		return bad("devices %d not in [0, %d]", m.Devices, maxDevices)

@@ -25,7 +25,10 @@ var (
 	ErrKeyMismatch = errors.New("cluster: cluster key mismatch")
 	// ErrIncompatibleVersion: a peer runs a qvd whose major.minor differs from ours.
 	ErrIncompatibleVersion = errors.New("cluster: incompatible qvd version")
-	// ErrJoin: no peer could be joined, for a reason other than the two above.
+	// ErrTLSMismatch: a peer uses mutual TLS with another CA than ours, or only one of us
+	// uses TLS at all.
+	ErrTLSMismatch = errors.New("cluster: TLS setup mismatch")
+	// ErrJoin: no peer could be joined, for a reason other than the three above.
 	ErrJoin = errors.New("cluster: join failed")
 )
 
@@ -148,7 +151,8 @@ type leaveIntent struct {
 // New creates the node's memberlist — listening on cfg.Bind, gossip encrypted with
 // cfg.Key — but does not join anyone: call Join, or wait to be joined (the coordinator).
 // meta describes this node; Version defaults to internal/version.Version, Gen to the
-// current time in nanoseconds, and Rank is always -1 until a roster assigns one.
+// current time in nanoseconds, Rank is always -1 until a roster assigns one, and TLS is
+// cfg.TLS's CA fingerprint.
 func New(cfg Config, meta Meta, log *zap.Logger) (*Node, error) {
 	if log == nil {
 		log = zap.NewNop()
@@ -163,6 +167,10 @@ func New(cfg Config, meta Meta, log *zap.Logger) (*Node, error) {
 		meta.Gen = uint64(time.Now().UnixNano())
 	}
 	meta.Rank = -1
+	meta.TLS = ""
+	if cfg.TLS != nil {
+		meta.TLS = cfg.TLS.Fingerprint()
+	}
 	metaBytes, err := meta.encode()
 	if err != nil {
 		return nil, fmt.Errorf("cluster: node %s: %w", cfg.NodeName, err)
@@ -372,6 +380,9 @@ func (n *Node) checkVersions() error {
 		if !Compatible(m.Meta.Version, local.Version) {
 			return fmt.Errorf("%w: %s", ErrIncompatibleVersion, versionMismatch(m.Meta.Role, m.Name, m.Addr, m.Meta.Version, local.Version))
 		}
+		if m.Meta.TLS != local.TLS {
+			return fmt.Errorf("%w: %s", ErrTLSMismatch, tlsMismatch(m.Meta.Role, m.Name, m.Addr, m.Meta.TLS, local.TLS))
+		}
 	}
 	return nil
 }
@@ -451,6 +462,7 @@ func (n *Node) UpdateMeta(f func(*Meta)) error {
 	m := n.mu.meta
 	f(&m)
 	old := n.mu.meta
+	m.TLS = old.TLS // fixed by Config.TLS
 	if m.Version != old.Version || m.Gen != old.Gen || m.Role != old.Role {
 		n.mu.Unlock()
 		return fmt.Errorf("%w: version, gen and role cannot change (from %s/%d/%s to %s/%d/%s)",

@@ -178,7 +178,7 @@ func (n *Node) pushRoster(ctx context.Context, job string, gen uint64, chosen []
 		}
 	}()
 	for rank := 1; rank < len(chosen); rank++ {
-		cc, err := grpc.NewClient(chosen[rank].Meta.GRPC, DialOptions(n.cfg.Key)...)
+		cc, err := grpc.NewClient(chosen[rank].Meta.GRPC, DialOptions(n.cfg.Key, n.cfg.TLS)...)
 		if err != nil {
 			return nil, fmt.Errorf("job %s: rank %d (%s at %s): %w", job, rank, chosen[rank].Name, chosen[rank].Meta.GRPC, err)
 		}
@@ -194,7 +194,7 @@ func (n *Node) pushRoster(ctx context.Context, job string, gen uint64, chosen []
 	failed := forEachRank(ctx, ranks, callTimeout, func(ctx context.Context, rank int) error {
 		ack, err := callPrepare(ctx, conns[rank], msg)
 		if err != nil {
-			return err
+			return n.explainTLS(chosen[rank].Meta.GRPC, err)
 		}
 		if ack.Name != chosen[rank].Name || ack.Rank != rank {
 			return fmt.Errorf("answered as %s rank %d", ack.Name, ack.Rank)

@@ -153,6 +153,17 @@ func (c *call) peerErr(rank int, err error) error {
 }
 
 // localErr is a failure of this rank's own making (context, Close).
+// ctxErr is ctx's error together with the cause it was cancelled with, if any (a trainer
+// cancels its collectives with "rank 2 failed" when gossip declares a peer dead), so the abort
+// this rank sends round the ring names the real culprit, not just "context canceled".
+func ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w (%w)", err, cause)
+	}
+	return err
+}
+
 func (c *call) localErr(err error) error {
 	return fmt.Errorf("collective %s on rank %d: %w", c.name(), c.r.rank, err)
 }
@@ -286,7 +297,7 @@ func (c *call) next() (frame, error) {
 	case <-c.timer.C:
 		return frame{}, c.timeoutErr(wait)
 	case <-c.ctx.Done():
-		return frame{}, c.localErr(c.ctx.Err())
+		return frame{}, c.localErr(ctxErr(c.ctx))
 	case <-r.done:
 		return frame{}, c.localErr(ErrClosed)
 	}
@@ -345,7 +356,7 @@ func (c *call) waitSent(n int, watch bool) error {
 		case <-c.timer.C:
 			return c.peerErr(r.next, fmt.Errorf("%w: sending stalled for %v", ErrTimeout, r.cfg.Timeout))
 		case <-c.ctx.Done():
-			return c.localErr(c.ctx.Err())
+			return c.localErr(ctxErr(c.ctx))
 		case <-r.done:
 			return c.localErr(ErrClosed)
 		}

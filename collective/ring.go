@@ -63,9 +63,9 @@ type Ring struct {
 	// while it is still in cache. A FIFO would cycle through all recvBuffers (8 MiB at the
 	// default piece size), so every received piece would land in memory no core had touched
 	// recently. freed wakes a dispatcher waiting for a buffer.
-	freeMu sync.Mutex
-	free   [][]byte
-	freed  chan struct{}
+	freeMu    sync.Mutex
+	free      [][]byte
+	freed     chan struct{}
 	nbufs     atomic.Int64
 	sendBytes atomic.Int64
 

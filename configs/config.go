@@ -38,6 +38,9 @@ type Config struct {
 	// are per node: a worker takes them from its own flags, never from the job's config.
 	Cluster    cluster.Config    `yaml:"cluster" json:"cluster"`
 	Collective collective.Config `yaml:"collective" json:"collective"`
+	// TLS names this node's mutual-TLS files (ca, cert, key: all three or none). Per node,
+	// like cluster.bind: a worker takes its own from --tls-* or QVD_TLS_*, never the job's.
+	TLS cluster.TLSConfig `yaml:"tls" json:"tls"`
 }
 
 // RunConfig names the run and says where its outputs go.
@@ -101,6 +104,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("collective.transport: must be grpc or tcp (inproc is for tests), got %q", c.Collective.Transport))
 	}
 	add("collective", c.Collective.Validate())
+	add("tls", c.TLS.Validate())
 	return errors.Join(errs...)
 }
 

@@ -2,8 +2,12 @@ package trainer
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -104,7 +108,10 @@ type Result struct {
 	TestLoss       float64
 	Checkpoint     string // path of the last checkpoint written ("" if none)
 	Interrupted    bool   // the context was cancelled; a checkpoint was written at the step boundary
-	EpochSeconds   []float64
+	// WeightsSHA256 is the SHA-256 of the working parameters' bytes at the end: equal on every
+	// rank of a group (they hold the same model), and a cheap fingerprint to compare runs.
+	WeightsSHA256 string
+	EpochSeconds  []float64
 }
 
 // Trainer runs the single-worker training loop: micro-batches with gradient accumulation,
@@ -414,6 +421,22 @@ func (t *Trainer) fill(res *Result) {
 	res.Skipped = t.skipped
 	res.Epoch = t.fracEpoch()
 	res.Checkpoint = t.lastCkpt
+	res.WeightsSHA256 = weightsHash(t.params)
+}
+
+// weightsHash fingerprints a parameter buffer (little-endian float32 bytes).
+func weightsHash(p []float32) string {
+	h := sha256.New()
+	var b [4096]byte
+	for len(p) > 0 {
+		n := min(len(p), len(b)/4)
+		for i, v := range p[:n] {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+		h.Write(b[:4*n])
+		p = p[n:]
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func (t *Trainer) fracEpoch() float64 {

@@ -115,6 +115,7 @@ func cmdBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	if f.mf.keyFile != "" {
 		common = append(common, "--cluster-key-file", f.mf.keyFile)
 	}
+	common = append(common, f.mf.tls.args()...)
 	workers := make([]*launched, f.nproc)
 	for i := range workers {
 		a := append([]string(nil), common...)
@@ -144,7 +145,7 @@ func benchWorker(ctx context.Context, f benchFlags, sizes []int64, wire half.For
 	if role == cluster.RoleCoordinator {
 		job = newJobID("bench")
 	}
-	m, err := startMember(configs.Default().Cluster, role, job, f.mf, lg.log)
+	m, err := startMember(configs.Default().Cluster, cluster.TLSConfig{}, role, job, f.mf, lg.log)
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd bench: %v\n", err)
 		return exitFailure

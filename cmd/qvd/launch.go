@@ -34,8 +34,10 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	nproc := fs.Int("nproc", 2, "number of local workers")
 	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
 	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on")
+	var tf tlsFlags
+	tf.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd launch --nproc N [--cluster-key-file F] [train flags: -c CONFIG ...]")
+		fmt.Fprintln(stderr, "Usage: qvd launch --nproc N [--cluster-key-file F] [--tls-ca F --tls-cert F --tls-key F] [train flags: -c CONFIG ...]")
 		fs.PrintDefaults()
 	}
 	// launch's own flags come first; everything from the first flag it does not know is
@@ -74,6 +76,9 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *keyFile != "" {
 		common = append(common, "--cluster-key-file", *keyFile)
 	}
+	// Every local worker uses the same certificate (one host); QVD_TLS_* pass through the
+	// environment.
+	common = append(common, tf.args()...)
 	workers := make([]*launched, *nproc)
 	for i := range workers {
 		// Node names sort in launch order, so rank i is worker i (rendezvous gives the
@@ -97,7 +102,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 // splitLaunchArgs separates launch's own flags from the train flags after them.
 func splitLaunchArgs(args []string) (own, rest []string) {
-	takes := map[string]bool{"nproc": true, "cluster-key-file": true, "host": true}
+	takes := map[string]bool{"nproc": true, "cluster-key-file": true, "host": true, "tls-ca": true, "tls-cert": true, "tls-key": true}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		name := strings.TrimLeft(a, "-")

@@ -36,6 +36,8 @@ Usage:
   qvd status PEER                 list a cluster's members
   qvd bench allreduce --nproc N   measure all-reduce bandwidth (algbw/busbw, as nccl-tests)
   qvd keygen                      print a new cluster key
+  qvd certs --out DIR --hosts H1,H2,...
+                                  make a cluster CA and node certificates for mutual TLS
   qvd estimate --params N | -c CONFIG [--world N] [--stage S] [--offload cpu]
                                   per-rank memory of ZeRO stages 0-2; --recommend a micro-batch
                                   and accumulation for --memory and --effective-batch
@@ -75,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdBench(ctx, args[1:], stdout, stderr)
 	case "keygen":
 		return cmdKeygen(args[1:], stdout, stderr)
+	case "certs":
+		return cmdCerts(args[1:], stdout, stderr)
 	case "plot":
 		return cmdPlot(args[1:], stdout, stderr)
 	case "estimate":

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -70,6 +71,57 @@ func parseKey(text []byte) ([]byte, error) {
 // memberFlags are the per-node settings of `train --nodes` and `join`.
 type memberFlags struct {
 	bind, grpcBind, advertise, nodeName, keyFile string
+	tls                                          tlsFlags
+}
+
+// Environment variables that may name this node's TLS files when the flags do not (a
+// worker's TLS never comes from the coordinator's config: the paths are the worker's own).
+const (
+	tlsCAEnv   = "QVD_TLS_CA"
+	tlsCertEnv = "QVD_TLS_CERT"
+	tlsKeyEnv  = "QVD_TLS_KEY"
+)
+
+// tlsFlags are --tls-ca, --tls-cert and --tls-key.
+type tlsFlags struct{ ca, cert, key string }
+
+func (t *tlsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&t.ca, "tls-ca", "", "cluster CA certificate (PEM) for mutual TLS between nodes; with --tls-cert and --tls-key (default: the config's tls.ca, else $"+tlsCAEnv+"; make them with `qvd certs`)")
+	fs.StringVar(&t.cert, "tls-cert", "", "this node's certificate (PEM), signed by --tls-ca (default: tls.cert, else $"+tlsCertEnv+")")
+	fs.StringVar(&t.key, "tls-key", "", "this node's private key (PEM) (default: tls.key, else $"+tlsKeyEnv+")")
+}
+
+// args returns the flags again, for a child process.
+func (t tlsFlags) args() []string {
+	var a []string
+	for _, f := range []struct{ name, v string }{{"--tls-ca", t.ca}, {"--tls-cert", t.cert}, {"--tls-key", t.key}} {
+		if f.v != "" {
+			a = append(a, f.name, f.v)
+		}
+	}
+	return a
+}
+
+// resolve picks this node's TLS files: the flags if any is given, else the config's tls
+// section (fromConfig; empty for a worker), else the environment.
+func (t tlsFlags) resolve(fromConfig cluster.TLSConfig) cluster.TLSConfig {
+	switch {
+	case t.ca != "" || t.cert != "" || t.key != "":
+		return cluster.TLSConfig{CA: t.ca, Cert: t.cert, Key: t.key}
+	case fromConfig.Enabled():
+		return fromConfig
+	}
+	return cluster.TLSConfig{CA: os.Getenv(tlsCAEnv), Cert: os.Getenv(tlsCertEnv), Key: os.Getenv(tlsKeyEnv)}
+}
+
+// load resolves and loads this node's TLS identity; nil without TLS.
+func (t tlsFlags) load(fromConfig cluster.TLSConfig) (cluster.TLSConfig, *cluster.TLS, error) {
+	files := t.resolve(fromConfig)
+	id, err := files.Load()
+	if err != nil {
+		return files, nil, fmt.Errorf("tls.%w", err)
+	}
+	return files, id, nil
 }
 
 // member is this process's place in a cluster: the gossip node, the gRPC server (control
@@ -77,6 +129,8 @@ type memberFlags struct {
 type member struct {
 	node   *cluster.Node
 	key    []byte
+	tls    *cluster.TLS      // nil without TLS
+	tlsCfg cluster.TLSConfig // the files tls came from
 	server *grpc.Server
 	hub    *grpcnet.Hub
 	tcp    *tcpnet.Listener
@@ -89,11 +143,17 @@ type member struct {
 
 // startMember starts the gRPC server and data listener on the gossip bind host (gRPC on the
 // gossip port + 1 unless the gossip port is 0), then the gossip node advertising them.
-func startMember(ccfg cluster.Config, role, job string, f memberFlags, log *zap.Logger) (*member, error) {
+// tlsc is the config's tls section (a worker passes none: see tlsFlags.resolve).
+func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, f memberFlags, log *zap.Logger) (*member, error) {
 	key, err := loadClusterKey(f.keyFile)
 	if err != nil {
 		return nil, err
 	}
+	tlsc, id, err := f.tls.load(tlsc)
+	if err != nil {
+		return nil, err
+	}
+	ccfg.TLS = id
 	if f.bind != "" {
 		ccfg.Bind = f.bind
 	}
@@ -125,17 +185,21 @@ func startMember(ccfg cluster.Config, role, job string, f memberFlags, log *zap.
 	}
 	adv := advertiseHost(host, ccfg.Advertise)
 
-	m := &member{key: key, log: log, stop: make(chan struct{})}
+	m := &member{key: key, tls: id, tlsCfg: tlsc, log: log, stop: make(chan struct{})}
 	lis, err := net.Listen("tcp", grpcBind)
 	if err != nil {
 		return nil, fmt.Errorf("gRPC listener: %w", err)
 	}
-	m.tcp, err = tcpnet.Listen(net.JoinHostPort(host, "0"), log)
+	tcfg := tcpnet.DefaultConfig()
+	if id != nil {
+		tcfg.TLS = &tcpnet.TLS{Server: id.ServerConfig(), Client: id.ClientConfig()}
+	}
+	m.tcp, err = tcpnet.ListenWith(net.JoinHostPort(host, "0"), tcfg, log)
 	if err != nil {
 		lis.Close()
 		return nil, fmt.Errorf("data-plane listener: %w", err)
 	}
-	opts := append(cluster.ServerOptions(key), grpcnet.ServerOptions()...)
+	opts := append(cluster.ServerOptions(key, id), grpcnet.ServerOptions()...)
 	m.server = grpc.NewServer(opts...)
 	_, tcpPort, _ := net.SplitHostPort(m.tcp.Addr())
 	meta := cluster.Meta{
@@ -160,7 +224,7 @@ func startMember(ccfg cluster.Config, role, job string, f memberFlags, log *zap.
 		}
 	}()
 	log.Info("cluster member started", zap.String("name", m.node.LocalName()), zap.String("gossip", m.node.LocalAddr()),
-		zap.String("grpc", meta.GRPC), zap.String("data", meta.Data), zap.String("role", role))
+		zap.String("grpc", meta.GRPC), zap.String("data", meta.Data), zap.String("role", role), zap.Bool("mutual_tls", id != nil))
 	return m, nil
 }
 
@@ -212,7 +276,7 @@ func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collec
 			addrs[i] = mm.GRPC
 		}
 		t, err = m.hub.Transport(ctx, grpcnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret,
-			DialOptions: cluster.DialOptions(m.key)})
+			DialOptions: cluster.DialOptions(m.key, m.tls)})
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s data path: %w", cfg.Transport, err)

@@ -20,10 +20,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("qvd status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	keyFile := fs.String("cluster-key-file", "", "file holding the cluster key (default: $"+clusterKeyEnv+")")
+	var tf tlsFlags
+	tf.register(fs)
 	bind := fs.String("bind", "0.0.0.0:0", "gossip address of this observer")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd status PEER [--cluster-key-file F]")
+		fmt.Fprintln(stderr, "Usage: qvd status PEER [--cluster-key-file F] [--tls-ca F --tls-cert F --tls-key F]")
 		fs.PrintDefaults()
 	}
 	peer, ok := parseOneArg(fs, args)
@@ -35,8 +37,15 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "qvd status: %v\n", err)
 		return exitUsage
 	}
+	// The observer talks gossip only, but a cluster with TLS refuses members that do not
+	// show its CA (see cluster.ErrTLSMismatch), so it needs the same --tls-* files.
+	_, id, err := tf.load(cluster.TLSConfig{})
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd status: %v\n", err)
+		return exitUsage
+	}
 	cfg := configs.Default().Cluster
-	cfg.Key, cfg.Bind = key, *bind
+	cfg.Key, cfg.Bind, cfg.TLS = key, *bind, id
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	cfg.NodeName = "status-" + hex.EncodeToString(b[:])

@@ -41,6 +41,7 @@ type runFlags struct {
 	dataPath                string
 	transport               string
 	zeroStage               int
+	checkpointEvery         int
 	offload                 string
 }
 
@@ -66,6 +67,7 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc or tcp (collective.transport)")
 	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
 	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
+	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
 	return f
 }
 
@@ -120,6 +122,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Collective.Transport = f.transport
 		case "zero-stage":
 			cfg.Zero.Stage = f.zeroStage
+		case "checkpoint-every":
+			cfg.Checkpoint.EverySteps = f.checkpointEvery
 		case "offload":
 			cfg.Zero.OffloadOptimizer.Device = f.offload
 		}
@@ -173,6 +177,9 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "qvd train: unexpected argument %q (flags only)\n", f.fs.Arg(0))
 		return exitUsage
 	}
+	if code, handled := slurmTrain(ctx, f, &nodes, &mf, o, stdout, stderr); handled {
+		return code
+	}
 	if nodes < 1 || nodes > 65535 {
 		fmt.Fprintf(stderr, "qvd train: --nodes must be in [1, 65535], got %d\n", nodes)
 		return exitUsage
@@ -191,7 +198,7 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		j.log.Warn(w)
 	}
 	if nodes > 1 {
-		m, err := startMember(cfg.Cluster, cluster.RoleCoordinator, newJobID(cfg.Run.Name), mf, j.log)
+		m, err := startMember(cfg.Cluster, cfg.TLS, cluster.RoleCoordinator, newJobID(cfg.Run.Name), mf, j.log)
 		if err != nil {
 			return j.fail(stderr, err)
 		}
@@ -232,13 +239,19 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
+	return joinJob(ctx, peer, o, mf, *dataPath, stdout, stderr)
+}
+
+// joinJob is a worker after its flags: `qvd join`, and a SLURM task other than task 0.
+// dataPath, if not empty, overrides the job's data.path on this machine.
+func joinJob(ctx context.Context, peer string, o outputFlags, mf memberFlags, dataPath string, stdout, stderr io.Writer) int {
 	// Until the roster arrives the worker has no config: log to stderr only.
 	boot, err := newLogger(stderr, "", zapcore.InfoLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd join: %v\n", err)
 		return exitFailure
 	}
-	m, err := startMember(configs.Default().Cluster, cluster.RoleWorker, "", mf, boot.log)
+	m, err := startMember(configs.Default().Cluster, cluster.TLSConfig{}, cluster.RoleWorker, "", mf, boot.log)
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd join: %v\n", err)
 		return exitUsage
@@ -255,10 +268,11 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	cfg, err := configs.Parse(roster.Config, "the coordinator's config")
-	if err == nil && *dataPath != "" {
-		cfg.Data.Path = *dataPath
+	if err == nil && dataPath != "" {
+		cfg.Data.Path = dataPath
 	}
 	if err == nil {
+		cfg.TLS = m.tlsCfg // the coordinator's paths mean nothing here
 		err = cfg.Validate()
 	}
 	if err != nil {
@@ -293,6 +307,7 @@ func (mf *memberFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&mf.advertise, "advertise", "", "address other nodes should use to reach this one (default: derived from --bind)")
 	fs.StringVar(&mf.nodeName, "node-name", "", "this node's unique name (default: hostname and a random suffix)")
 	fs.StringVar(&mf.keyFile, "cluster-key-file", "", "file holding the cluster key (default: $"+clusterKeyEnv+")")
+	mf.tls.register(fs)
 }
 
 // job is one process's part of a training run.
@@ -397,10 +412,11 @@ func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return j.fail(stderr, fmt.Errorf("training failed: %w", err))
 	}
 	if j.rank != 0 {
-		j.log.Info("done", zap.Int64("steps", res.Steps))
+		j.log.Info("done", zap.Int64("steps", res.Steps), zap.String("weights_sha256", res.WeightsSHA256))
 		return exitOK
 	}
 	fmt.Fprintf(stdout, "done: %d steps (%.2f epochs), test accuracy %.4f, test loss %.4f\n", res.Steps, res.Epoch, res.TestAccuracy, res.TestLoss)
+	j.log.Info("done", zap.Int64("steps", res.Steps), zap.String("weights_sha256", res.WeightsSHA256))
 	if res.Checkpoint != "" {
 		fmt.Fprintf(stdout, "checkpoint: %s\n", res.Checkpoint)
 	}
@@ -545,14 +561,14 @@ func newLogger(w io.Writer, path string, level zapcore.Level) (logger, error) {
 
 // joinWithRetry joins through peer, retrying while the peer is not up yet (workers are often
 // started before, or at the same time as, the coordinator), for up to patience. A refusal —
-// wrong key, incompatible version — is final.
+// wrong key, incompatible version, another TLS CA — is final.
 func joinWithRetry(ctx context.Context, m *member, peer string, patience time.Duration, log *zap.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, patience)
 	defer cancel()
 	wait := 200 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := m.node.Join(ctx, peer)
-		if err == nil || errors.Is(err, cluster.ErrKeyMismatch) || errors.Is(err, cluster.ErrIncompatibleVersion) {
+		if err == nil || errors.Is(err, cluster.ErrKeyMismatch) || errors.Is(err, cluster.ErrIncompatibleVersion) || errors.Is(err, cluster.ErrTLSMismatch) {
 			return err
 		}
 		if attempt == 1 {

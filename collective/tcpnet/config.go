@@ -1,6 +1,8 @@
 package tcpnet
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -28,6 +30,16 @@ type Config struct {
 	// three probes), so a peer whose host vanished without closing its connections is
 	// detected on an idle connection. Busy connections are guarded by the callers' deadlines.
 	KeepAlive time.Duration
+	// TLS, when not nil, runs every data connection over TLS, opened before the hello:
+	// Server for the connections the listener accepts, Client for those its transports dial.
+	// Both must authenticate the peer (mutual TLS; cluster.TLS makes such configurations).
+	// The hello still proves the job's secret, inside the encrypted channel. nil: plain TCP.
+	TLS *TLS
+}
+
+// TLS holds the two ends' TLS configurations of the data plane.
+type TLS struct {
+	Server, Client *tls.Config
 }
 
 // DefaultConfig: 10 s handshakes, dial retries and frame finishing, kernel autotuned socket
@@ -59,6 +71,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("socket_buffer: must be between 0 (kernel autotuning) and %d bytes, got %d", maxSocketBuffer, c.SocketBuffer)
 	case c.KeepAlive < time.Second || c.KeepAlive > time.Hour:
 		return fmt.Errorf("keepalive: must be between 1s and 1h, got %v", c.KeepAlive)
+	case c.TLS != nil && (c.TLS.Server == nil || c.TLS.Client == nil):
+		return errors.New("tls: needs both a server and a client configuration")
 	}
 	return nil
 }

@@ -29,7 +29,15 @@
 // that, a newer one is kept and takes over if the first ends empty (a dialler that gave up
 // mid-handshake and dialled again). The hello authenticates the opening of a connection; it does
 // not encrypt or sign the frames that follow (like Gloo and NCCL sockets, the data plane
-// trusts the network it runs on).
+// trusts the network it runs on) unless Config.TLS is set.
+//
+// TLS. With Config.TLS every connection runs TLS 1.3, opened before the hello, with both
+// ends' certificates verified (mutual TLS; cmd/qvd uses the cluster's CA, see cluster.TLS):
+// frames are then encrypted and integrity-protected, and a stranger without a certificate
+// gets no further than the TLS handshake. A certificate refused by either end is
+// collective.ErrAuth, not retried. One difference from plain TCP: a Send cut short by its
+// ctx fails the connection instead of finishing the frame in the background, because
+// crypto/tls cannot resume a record cut in the middle (every write error is permanent).
 //
 // Frames. A frame is the 40-byte collective header followed by its payload. Send writes both
 // with one writev, never copying the payload, and returns once the kernel holds the bytes, so

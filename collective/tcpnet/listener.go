@@ -2,6 +2,7 @@ package tcpnet
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -233,7 +234,18 @@ func (l *Listener) handshake(c net.Conn) {
 		refuse(err)
 		return
 	}
-	h, hello, err := readHello(c)
+	// conn is c, or c wrapped in TLS; c stays the handle that Close and the deferred
+	// cleanup close.
+	conn := c
+	if l.cfg.TLS != nil {
+		tc := tls.Server(c, l.cfg.TLS.Server)
+		if err := tc.Handshake(); err != nil { // bounded by the handshake deadline
+			refuse(fmt.Errorf("%w: TLS handshake: %w", collective.ErrAuth, err))
+			return
+		}
+		conn = tc
+	}
+	h, hello, err := readHello(conn)
 	if err != nil {
 		refuse(err)
 		return
@@ -253,7 +265,7 @@ func (l *Listener) handshake(c net.Conn) {
 		changed := l.mu.changed
 		l.mu.Unlock()
 		if t != nil {
-			if err := t.adopt(rank, c, remote, deadline); err != nil {
+			if err := t.adopt(rank, conn, remote, deadline); err != nil {
 				refuse(fmt.Errorf("job %q rank %d: %w", t.job, rank, err))
 				return
 			}

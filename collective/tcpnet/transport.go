@@ -2,12 +2,15 @@ package tcpnet
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -147,7 +150,7 @@ func (t *transport) Close() error {
 		t.mu.conns = nil
 		t.mu.Unlock()
 		for c := range conns {
-			_ = c.Close()
+			closeConn(c)
 		}
 		for p := range t.out {
 			if t.out[p] != nil {
@@ -176,7 +179,7 @@ func (t *transport) own(c net.Conn) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.closed {
-		_ = c.Close()
+		closeConn(c)
 		return false
 	}
 	t.mu.conns[c] = struct{}{}
@@ -267,7 +270,15 @@ func (t *transport) sendLocked(ctx context.Context, o *outConn, peer int, h coll
 		return t.errClosed("send to", peer)
 	}
 	n := int(n64)
-	if cerr := ctxErr(ctx, err); cerr != nil {
+	if cerr := ctxErr(ctx, err); cerr != nil && t.cfg.TLS != nil {
+		// A TLS connection whose write was cut short is unusable (crypto/tls makes every
+		// write error permanent: the record in flight cannot be resumed), so the frame
+		// cannot be finished as on plain TCP; the connection is given up.
+		o.err = &collective.PeerError{Rank: peer, Addr: t.addrs[peer], Err: fmt.Errorf(
+			"%w: a send cut short by its context (%v) ends a TLS connection", collective.ErrPeerGone, cerr)}
+		closeConn(o.conn)
+		return fmt.Errorf("tcpnet: send to rank %d: %w (the TLS connection is closed: a cut-short write cannot be resumed)", peer, cerr)
+	} else if cerr != nil {
 		if n > 0 {
 			// Part of the frame is on the wire. Rather than leave the stream out of step,
 			// finish the frame in the background from a copy, so the payload is the caller's
@@ -293,7 +304,7 @@ func (t *transport) sendLocked(ctx context.Context, o *outConn, peer int, h coll
 		return fmt.Errorf("tcpnet: send to rank %d: %w", peer, cerr)
 	}
 	o.err = &collective.PeerError{Rank: peer, Addr: t.addrs[peer], Err: fmt.Errorf("%w: send: %w", collective.ErrPeerGone, err)}
-	_ = o.conn.Close()
+	closeConn(o.conn)
 	return o.err
 }
 
@@ -316,7 +327,7 @@ func (t *transport) finishFrame(o *outConn, peer int, rest []byte) {
 	}
 	o.err = &collective.PeerError{Rank: peer, Addr: t.addrs[peer], Err: fmt.Errorf(
 		"%w: finishing a frame cut short by a cancelled send (%d bytes left): %w", collective.ErrPeerGone, len(rest), err)}
-	_ = o.conn.Close()
+	closeConn(o.conn)
 	t.log.Warn("tcpnet: gave up a connection", zap.String("job", t.job), zap.Int("rank", t.rank),
 		zap.Int("peer", peer), zap.String("addr", t.addrs[peer]), zap.Error(err))
 }
@@ -429,7 +440,7 @@ func (t *transport) RecvInto(ctx context.Context, peer int, buf []byte, dst func
 		} else {
 			ic.err = &collective.PeerError{Rank: peer, Addr: t.addrs[peer], Err: fmt.Errorf("%w: %w", collective.ErrPeerGone, err)}
 		}
-		_ = conn.Close()
+		closeConn(conn)
 		if !ic.used.Load() && t.replaced(ic) {
 			continue // the connection ended empty and a newer one has arrived: read that
 		}
@@ -451,7 +462,7 @@ func (t *transport) current(ic *inConn) net.Conn {
 		if t.mu.conns != nil {
 			delete(t.mu.conns, old)
 		}
-		_ = old.Close()
+		closeConn(old)
 	}
 	return ic.conn
 }
@@ -511,8 +522,9 @@ func (t *transport) dialOnce(ctx context.Context, peer int, addr string) (net.Co
 	if !t.own(c) {
 		return nil, t.errClosed("dial", peer)
 	}
+	raw := c // what own registered; c may become its TLS wrapping
 	fail := func(err error) (net.Conn, error) {
-		t.disown(c)
+		t.disown(raw)
 		return nil, err
 	}
 	if err := tune(c, t.cfg); err != nil {
@@ -525,6 +537,19 @@ func (t *transport) dialOnce(ctx context.Context, peer int, addr string) (net.Co
 	}
 	if err := c.SetDeadline(deadline); err != nil {
 		return fail(err)
+	}
+	if t.cfg.TLS != nil {
+		// c stays registered (own) as the raw connection, so fail and Close close it; the
+		// caller gets the TLS connection.
+		tc := tls.Client(c, t.cfg.TLS.Client)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			if ctx.Err() == nil && tlsRefused(err) {
+				// A certificate refused on either side stays refused: ErrAuth stops the retries.
+				err = fmt.Errorf("%w: %w", collective.ErrAuth, err)
+			}
+			return fail(fmt.Errorf("TLS handshake with %s: %w", addr, err))
+		}
+		c = tc
 	}
 	// ctx's end interrupts the handshake, but not a connection that has completed it: a
 	// dialler that drops a connection the peer has already adopted makes the peer wait for
@@ -546,6 +571,11 @@ func (t *transport) dialOnce(ctx context.Context, peer int, addr string) (net.Co
 	}
 	h, hello, err := readHello(c)
 	if err != nil {
+		if t.cfg.TLS != nil && tlsRefused(err) {
+			// Under TLS 1.3 the server checks our certificate after our side of the
+			// handshake is done, so its refusal arrives here, as an alert.
+			return fail(fmt.Errorf("%w: TLS: %s refused this node's certificate: %w", collective.ErrAuth, addr, err))
+		}
 		return fail(fmt.Errorf("waiting for the answering hello (peer refused us, or is not running job %q): %w", t.job, err))
 	}
 	rank, err := collective.VerifyHello(t.secret, t.job, t.size, hello, time.Now())
@@ -566,12 +596,46 @@ func (t *transport) dialOnce(ctx context.Context, peer int, addr string) (net.Co
 	return c, nil
 }
 
+// closeConn closes c at once: a TLS connection's socket is closed without the close_notify
+// alert, whose write could wait up to 5 s on a peer that has stopped reading. A data
+// connection is only ever closed when it is done with or has failed, so the alert would tell
+// the peer nothing that the closed socket does not.
+func closeConn(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		_ = tc.NetConn().Close()
+		return
+	}
+	_ = c.Close()
+}
+
+// tlsRefused reports whether a TLS connection failed because one end refused the other's
+// certificate (a verification error here, or the peer's alert), which retrying cannot fix,
+// rather than on the network (resets, timeouts, EOF).
+func tlsRefused(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op.Op == "remote error" // crypto/tls's wrapping of a received alert
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var verr *tls.CertificateVerificationError
+	return errors.As(err, &verr) || !isNetError(err)
+}
+
+func isNetError(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
 // disown closes c and forgets it.
 func (t *transport) disown(c net.Conn) {
 	t.mu.Lock()
 	delete(t.mu.conns, c)
 	t.mu.Unlock()
-	_ = c.Close()
+	closeConn(c)
 }
 
 // adopt takes a verified connection from peer for Recv: it answers with this rank's hello
@@ -617,7 +681,7 @@ func (t *transport) adopt(peer int, c net.Conn, remote string, deadline time.Tim
 	} else {
 		if ic.next != nil { // the newest attempt wins
 			delete(t.mu.conns, ic.next)
-			_ = ic.next.Close()
+			closeConn(ic.next)
 		}
 		ic.next = c
 	}
