@@ -238,13 +238,22 @@ func TestStatus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var members []Member
-	eventually(t, 3*time.Second, "status to see both members", func() bool {
+	// Status asks b, which learns a's new job by gossip: wait for that too.
+	eventually(t, 3*time.Second, "status to see both members and a's job", func() bool {
 		var err error
 		members, err = Status(ctx, cfg, b.LocalAddr(), nil)
 		if err != nil {
 			t.Fatalf("Status: %v", err)
 		}
-		return slices.Equal(memberNames(members), []string{"a", "b"})
+		if !slices.Equal(memberNames(members), []string{"a", "b"}) {
+			return false
+		}
+		for _, m := range members {
+			if m.Name == "a" && m.Meta.Job != "job-7" {
+				return false
+			}
+		}
+		return true
 	})
 	var out strings.Builder
 	if err := FormatStatus(&out, members); err != nil {
