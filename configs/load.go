@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -131,6 +132,14 @@ func decodeStrict(node *yaml.Node, v reflect.Value, path string, errs *[]error) 
 		if !ok {
 			*errs = append(*errs, fmt.Errorf("%s (line %d): unknown key (known keys here: %s)", key, k.Line, strings.Join(known, ", ")))
 			continue
+		}
+		// A numeric field tagged `auto:"N"` also takes the word auto, stored as N (e.g.
+		// train.micro_batch: auto, resolved before training).
+		if a, ok := t.Field(fi).Tag.Lookup("auto"); ok && val.Kind == yaml.ScalarNode && val.Value == "auto" {
+			if n, err := strconv.ParseInt(a, 10, 64); err == nil && v.Field(fi).CanInt() {
+				v.Field(fi).SetInt(n)
+				continue
+			}
 		}
 		decodeStrict(val, v.Field(fi), key, errs)
 	}

@@ -32,6 +32,7 @@ type runFlags struct {
 	fs                      *flag.FlagSet
 	config, deepspeed       string
 	micro, accum, epochs    int
+	effective               int
 	precision, out          string
 	lr                      float64
 	seed                    uint64
@@ -52,7 +53,8 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.StringVar(&f.config, "c", "", "config: a YAML file, or the name of an embedded config ("+fmt.Sprint(configs.Embedded())+"); default "+configs.DefaultName)
 	fs.StringVar(&f.config, "config", "", "same as -c")
 	fs.StringVar(&f.deepspeed, "deepspeed", "", "a DeepSpeed ds_config.json applied over the config")
-	fs.IntVar(&f.micro, "micro-batch", 0, "samples per forward/backward (train.micro_batch)")
+	fs.Var((*microBatchFlag)(&f.micro), "micro-batch", "samples per forward/backward, or auto: the largest that fits the memory budget (train.micro_batch)")
+	fs.IntVar(&f.effective, "effective-batch", 0, "global batch micro-batch auto keeps: micro × accum × world (train.effective_batch)")
 	fs.IntVar(&f.accum, "accum", 0, "micro-batches per optimizer step (train.accum)")
 	fs.StringVar(&f.precision, "precision", "", "fp32, fp16 or bf16 (train.precision)")
 	fs.IntVar(&f.epochs, "epochs", 0, "epochs to train (train.epochs)")
@@ -95,6 +97,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 		switch fl.Name {
 		case "micro-batch":
 			cfg.Train.MicroBatch, ds.MicroSet = f.micro, true
+		case "effective-batch":
+			cfg.Train.EffectiveBatch = f.effective
 		case "accum":
 			cfg.Train.Accum, ds.AccumSet = f.accum, true
 		case "precision":
@@ -130,6 +134,14 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 	})
 	if err := ds.CheckBatch(&cfg, world); err != nil {
 		return cfg, nil, err
+	}
+	auto, err := resolveAutoMicro(&cfg, world)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("%w: %w", configs.ErrInvalid, err)
+	}
+	if auto != nil {
+		ds.Warnings = append(ds.Warnings, fmt.Sprintf("micro_batch: auto chose micro-batch %d × accum %d × %d worker(s) = %d (budget %s per worker, model states %s, activations %s per sample measured; the Go heap at the probe at %d: %s)",
+			auto.micro, auto.accum, world, cfg.Train.EffectiveBatch, humanBytes(auto.budget), humanBytes(auto.states), humanBytes(auto.perSample), auto.micro, humanBytes(auto.probed)))
 	}
 	cfg.Resolve()
 	if err := cfg.Validate(); err != nil {

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+
+	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/memstat"
+	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/trainer"
+)
+
+// microBatchFlag is --micro-batch: a number, or auto.
+type microBatchFlag int
+
+func (m *microBatchFlag) String() string {
+	if m == nil || int(*m) == 0 {
+		return ""
+	}
+	if int(*m) == trainer.AutoMicroBatch {
+		return "auto"
+	}
+	return strconv.Itoa(int(*m))
+}
+
+func (m *microBatchFlag) Set(s string) error {
+	if s == "auto" {
+		*m = trainer.AutoMicroBatch
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("want a number of samples or auto")
+	}
+	*m = microBatchFlag(n)
+	return nil
+}
+
+// autoMicro is what resolveAutoMicro decided, for the log.
+type autoMicro struct {
+	micro, accum      int
+	budget, states    int64
+	perSample, probed int64
+	tried             []int
+}
+
+// budgetFor is the memory one worker may use when micro_batch is auto: this machine's
+// available memory shared by the world's workers (conservative on a multi-node job, where a
+// node holds fewer of them; memory.limit, where set, is the better figure).
+var budgetFor = func(cfg *configs.Config, world int) int64 {
+	return int64(memstat.NewReader().Read().Available) / int64(world)
+}
+
+// resolveAutoMicro turns train.micro_batch: auto into numbers: the largest micro-batch whose
+// model states and activations fit the memory budget less the estimate's headroom and that
+// divides the per-worker share of train.effective_batch exactly, with accum making up the
+// rest, so micro × accum × world = effective batch. The activation bytes per sample are
+// measured on the model (two graph sizes), and the choice is then probed: the model is built
+// at that micro-batch and one forward/backward run, and if the heap it took does not fit, the
+// next smaller divisor is tried. It fails, naming the figures, when nothing fits or the
+// effective batch does not divide among the workers.
+func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
+	if cfg.Train.MicroBatch != trainer.AutoMicroBatch {
+		return nil, nil
+	}
+	eff := cfg.Train.EffectiveBatch
+	switch {
+	case eff < 1:
+		return nil, errors.New("train.micro_batch: auto needs train.effective_batch (--effective-batch), the global batch to keep")
+	case eff%world != 0:
+		return nil, fmt.Errorf("train.micro_batch: auto: train.effective_batch %d is not a multiple of the %d workers, so micro × accum × world cannot equal it", eff, world)
+	}
+	spec, err := model.NewSpec(cfg.Model, []int{1, 28, 28}, 10)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	f, err := half.ParseFormat(cfg.Train.Precision)
+	if err != nil {
+		return nil, fmt.Errorf("train.precision: %w", err)
+	}
+	layout := model.NewLayout(spec)
+	in := estimateInput{elems: layout.Size, numParams: layout.NumParams(), world: world, stage: cfg.Zero.Stage, offload: cfg.Zero.Offload(),
+		precision: cfg.Train.Precision, optimizer: cfg.Optimizer.Type, momentum: cfg.Optimizer.Momentum, bucket: cfg.Zero.ReduceBucketSize}
+	a := &autoMicro{budget: budgetFor(cfg, world)}
+	if a.perSample, err = measureActivationBytes(spec, f); err != nil {
+		return nil, fmt.Errorf("train.micro_batch: auto: measuring activation memory: %w", err)
+	}
+	rec, err := in.recommend(a.budget, int64(eff), a.perSample)
+	if err != nil {
+		return nil, fmt.Errorf("train.micro_batch: auto (budget %s per worker): %w", humanBytes(a.budget), err)
+	}
+	a.states = rec.states
+	perWorker := eff / world
+	for micro := int(rec.micro); micro >= 1; micro-- {
+		if perWorker%micro != 0 {
+			continue
+		}
+		a.tried = append(a.tried, micro)
+		used, err := probeMicro(spec, layout, f, micro)
+		if err != nil {
+			return nil, fmt.Errorf("train.micro_batch: auto: probing micro-batch %d: %w", micro, err)
+		}
+		if rec.states+used <= rec.usable { // conservative: the heap holds a copy of the weights too
+			a.micro, a.accum, a.probed = micro, perWorker/micro, used
+			cfg.Train.MicroBatch, cfg.Train.Accum = a.micro, a.accum
+			return a, nil
+		}
+	}
+	return nil, fmt.Errorf("train.micro_batch: auto: no micro-batch dividing %d fits %s of the %s budget per worker after the model states (%s); tried %v",
+		perWorker, humanBytes(rec.usable-rec.states), humanBytes(a.budget), humanBytes(rec.states), a.tried)
+}
+
+// probeMicro builds the training graph at micro and runs one forward/backward, returning the
+// Go heap in use at that point: the whole of it, not the growth, because gorgonia keeps freed
+// tensors in pools that a later graph borrows from (so a difference would miss them), and
+// because it is the process's footprint that has to fit.
+func probeMicro(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
+	params := make([]float32, layout.Size)
+	model.Init(spec, layout, params, 1)
+	grads := make([]float32, layout.Size)
+	net, err := model.New(spec, layout, params, model.Options{MicroBatch: micro, EvalBatch: 1, Grad: f})
+	if err != nil {
+		return 0, err
+	}
+	defer net.Close()
+	b := data.NewBatch(micro, 28*28)
+	b.N = micro
+	if _, err := net.ForwardBackward(b, 1, grads); err != nil {
+		return 0, err
+	}
+	used := heapInUse()
+	runtime.KeepAlive(net)
+	runtime.KeepAlive(b)
+	return used, nil
+}
+
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
