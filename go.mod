@@ -3,6 +3,7 @@ module github.com/qvd/qvd
 go 1.26.8
 
 require (
+	github.com/NVIDIA/go-nvml v0.12.4-1
 	github.com/hashicorp/memberlist v0.7.0
 	github.com/x448/float16 v0.8.4
 	go.uber.org/zap v1.28.0

@@ -17,6 +17,7 @@ import (
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/trainer"
@@ -41,6 +42,9 @@ type Config struct {
 	// TLS names this node's mutual-TLS files (ca, cert, key: all three or none). Per node,
 	// like cluster.bind: a worker takes its own from --tls-* or QVD_TLS_*, never the job's.
 	TLS cluster.TLSConfig `yaml:"tls" json:"tls"`
+	// Memory is the memory monitor (log_every, min_available), the Go runtime's soft limit
+	// and the reaction to host memory pressure.
+	Memory memory.Config `yaml:"memory" json:"memory"`
 }
 
 // RunConfig names the run and says where its outputs go.
@@ -66,6 +70,7 @@ func Default() Config {
 		Cluster:    clusterDefaults(),
 		Collective: collective.DefaultConfig(),
 		Zero:       zero.DefaultConfig(),
+		Memory:     memory.DefaultConfig(),
 	}
 }
 
@@ -105,6 +110,7 @@ func (c *Config) Validate() error {
 	}
 	add("collective", c.Collective.Validate())
 	add("tls", c.TLS.Validate())
+	add("memory", c.Memory.Validate())
 	return errors.Join(errs...)
 }
 

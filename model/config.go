@@ -19,6 +19,17 @@ type Config struct {
 	Hidden   []int  `yaml:"hidden" json:"hidden"`
 	Channels []int  `yaml:"channels" json:"channels"`
 	Kernel   int    `yaml:"kernel" json:"kernel"`
+	// ActivationCheckpointing trades compute for activation memory (Chen et al. 2016,
+	// "Training Deep Nets with Sublinear Memory Cost"). YAML `activation_checkpointing:`.
+	ActivationCheckpointing CheckpointingConfig `yaml:"activation_checkpointing" json:"activation_checkpointing"`
+}
+
+// CheckpointingConfig configures activation checkpointing.
+type CheckpointingConfig struct {
+	// Segments splits the layers into this many contiguous segments, each starting at a
+	// weight layer: the forward pass keeps only each segment's input and the backward pass
+	// recomputes the segment from it. 0 or 1 is off; at most the number of weight layers.
+	Segments int `yaml:"segments" json:"segments"`
 }
 
 // DefaultConfig is the MLP 784-256-128-10 of the Fashion-MNIST baselines.
@@ -53,5 +64,18 @@ func (c Config) Validate() error {
 			return fmt.Errorf("hidden[%d]: must be in [1, 65536], got %d", i, h)
 		}
 	}
+	if k, n := c.ActivationCheckpointing.Segments, c.WeightLayers(); k < 0 || k > n {
+		return fmt.Errorf("activation_checkpointing.segments: must be in [0, %d] (0 or 1 is off; at most the %d weight layers of this model), got %d", n, n, k)
+	}
 	return nil
+}
+
+// WeightLayers is the number of layers with weights (conv and dense, the classifier included):
+// the most segments activation checkpointing can split the model into.
+func (c Config) WeightLayers() int {
+	n := len(c.Hidden) + 1
+	if c.Type == TypeCNN {
+		n += len(c.Channels)
+	}
+	return n
 }

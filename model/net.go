@@ -20,6 +20,9 @@ type Options struct {
 	MicroBatch int         // samples per ForwardBackward
 	EvalBatch  int         // samples per Evaluate call (the last call of a pass may hold fewer)
 	Grad       half.Format // working precision gradients are rounded to
+	// Segments > 1 turns on activation checkpointing with that many segments (see
+	// checkpoint.go); 0 or 1 builds one training graph. At most len(spec.ParamLayers()).
+	Segments int
 }
 
 // EvalResult sums a forward-only pass over the valid rows of a batch.
@@ -35,7 +38,9 @@ type Net struct {
 	layout *Layout
 	params []float32
 	grad   half.Format
-	train  *graph
+	micro  int
+	train  *graph     // nil when checkpointing
+	ckpt   *segmented // nil unless checkpointing
 	eval   *graph
 }
 
@@ -46,14 +51,17 @@ type graph struct {
 	vm    G.VM
 	x, y  *G.Node
 	scale *G.Node // nil for the evaluation graph
+	ce    *G.Node // mean cross-entropy (training graph)
+	cost  *G.Node // ce × scale (training graph)
 	xbuf  []float32
 	ybuf  []float32 // one-hot labels, bs×classes (training graph only)
 	learn G.Nodes   // parameter nodes, parallel to tensors
 	tidx  []int     // layout index of each learn node
 	// byOffset lists indices into learn in increasing flat offset of their tensors.
 	byOffset []int
-	lossV    G.Value // mean cross-entropy (training graph)
-	logitV   G.Value // logits (evaluation graph)
+	order    []paramNode // learn in byOffset order, built on first use
+	lossV    G.Value     // mean cross-entropy (training graph)
+	logitV   G.Value     // logits (evaluation graph)
 }
 
 // New compiles spec into a training graph at opt.MicroBatch and an evaluation graph at
@@ -67,13 +75,18 @@ func New(spec *Spec, layout *Layout, params []float32, opt Options) (*Net, error
 		return nil, fmt.Errorf("model: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
 	}
 	blas.Use()
-	n := &Net{spec: spec, layout: layout, params: params, grad: opt.Grad}
+	n := &Net{spec: spec, layout: layout, params: params, grad: opt.Grad, micro: opt.MicroBatch}
 	var err error
-	if n.train, err = n.build(opt.MicroBatch, true); err != nil {
+	if opt.Segments > 1 {
+		if n.ckpt, err = n.buildSegmented(opt.MicroBatch, opt.Segments); err != nil {
+			return nil, fmt.Errorf("model: building checkpointed training graphs: %w", err)
+		}
+	} else if n.train, err = n.build(opt.MicroBatch, true); err != nil {
 		return nil, fmt.Errorf("model: building training graph: %w", err)
 	}
 	if n.eval, err = n.build(opt.EvalBatch, false); err != nil {
 		n.train.close()
+		n.ckpt.close()
 		return nil, fmt.Errorf("model: building evaluation graph: %w", err)
 	}
 	return n, nil
@@ -107,8 +120,44 @@ func (n *Net) build(bs int, train bool) (gr *graph, err error) {
 		return node
 	}
 
-	h := gr.x
-	for _, l := range s.Layers {
+	h, err := addLayers(gr.x, bs, s.Layers, param)
+	if err != nil {
+		return nil, err
+	}
+
+	if !train {
+		G.Read(h, &gr.logitV)
+		gr.vm = G.NewTapeMachine(gr.g)
+		return gr, nil
+	}
+
+	gr.ybuf = make([]float32, bs*s.Classes)
+	gr.y, gr.scale, gr.ce, gr.cost = addLoss(gr.g, h, gr.ybuf, bs, s.Classes)
+	G.Read(gr.ce, &gr.lossV)
+	if _, err := G.Grad(gr.cost, gr.learn...); err != nil {
+		return nil, fmt.Errorf("symbolic gradient: %w", err)
+	}
+	gr.vm = G.NewTapeMachine(gr.g, G.BindDualValues(gr.learn...))
+	gr.byOffset = n.byOffset(gr.tidx)
+	return gr, nil
+}
+
+// byOffset returns the indices into tidx (layout indices) ordered by increasing flat offset.
+func (n *Net) byOffset(tidx []int) []int {
+	idx := make([]int, len(tidx))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool {
+		return n.layout.Tensors[tidx[idx[a]]].Offset < n.layout.Tensors[tidx[idx[b]]].Offset
+	})
+	return idx
+}
+
+// addLayers appends layers to the graph of h (a batch of bs inputs to layers[0]) and returns
+// the output; param makes the node viewing a parameter tensor in the flat buffer.
+func addLayers(h *G.Node, bs int, layers []Layer, param func(ti int, shape ...int) *G.Node) (*G.Node, error) {
+	for _, l := range layers {
 		switch l.Kind {
 		case Dense:
 			w := param(l.Weight, l.In, l.Out)
@@ -131,36 +180,22 @@ func (n *Net) build(bs int, train bool) (gr *graph, err error) {
 			return nil, fmt.Errorf("layer kind %v not supported", l.Kind)
 		}
 	}
+	return h, nil
+}
 
-	if !train {
-		G.Read(h, &gr.logitV)
-		gr.vm = G.NewTapeMachine(gr.g)
-		return gr, nil
-	}
-
-	gr.ybuf = make([]float32, bs*s.Classes)
-	gr.y = G.NewMatrix(gr.g, G.Float32, G.WithShape(bs, s.Classes), G.WithName("y"),
-		G.WithValue(tensor.New(tensor.WithShape(bs, s.Classes), tensor.WithBacking(gr.ybuf))))
-	gr.scale = G.NewScalar(gr.g, G.Float32, G.WithName("loss_scale"), G.WithValue(float32(1)))
+// addLoss appends the training loss to the graph of the logits h: the mean cross-entropy ce
+// against the one-hot labels y (a view of ybuf) and cost = ce × scale.
+func addLoss(g *G.ExprGraph, h *G.Node, ybuf []float32, bs, classes int) (y, scale, ce, cost *G.Node) {
+	y = G.NewMatrix(g, G.Float32, G.WithShape(bs, classes), G.WithName("y"),
+		G.WithValue(tensor.New(tensor.WithShape(bs, classes), tensor.WithBacking(ybuf))))
+	scale = G.NewScalar(g, G.Float32, G.WithName("loss_scale"), G.WithValue(float32(1)))
 	// Cross-entropy from log-softmax (numerically stable), mean over the micro-batch.
 	lsm := G.Must(G.LogSoftMax(h, 1))
-	ce := G.Must(G.Neg(G.Must(G.Mean(G.Must(G.Sum(G.Must(G.HadamardProd(lsm, gr.y)), 1))))))
-	G.Read(ce, &gr.lossV)
+	ce = G.Must(G.Neg(G.Must(G.Mean(G.Must(G.Sum(G.Must(G.HadamardProd(lsm, y)), 1))))))
 	// The loss scale (fp16 loss scaling, and 1/accum for gradient accumulation) multiplies the
 	// loss inside the graph so every backward intermediate is scaled, as on a real fp16 device.
-	cost := G.Must(G.Mul(ce, gr.scale))
-	if _, err := G.Grad(cost, gr.learn...); err != nil {
-		return nil, fmt.Errorf("symbolic gradient: %w", err)
-	}
-	gr.vm = G.NewTapeMachine(gr.g, G.BindDualValues(gr.learn...))
-	gr.byOffset = make([]int, len(gr.learn))
-	for i := range gr.byOffset {
-		gr.byOffset[i] = i
-	}
-	sort.Slice(gr.byOffset, func(a, b int) bool {
-		return n.layout.Tensors[gr.tidx[gr.byOffset[a]]].Offset < n.layout.Tensors[gr.tidx[gr.byOffset[b]]].Offset
-	})
-	return gr, nil
+	cost = G.Must(G.Mul(ce, scale))
+	return y, scale, ce, cost
 }
 
 func (gr *graph) close() {
@@ -171,14 +206,18 @@ func (gr *graph) close() {
 }
 
 // run executes the graph once and resets the machine for the next run.
-func (gr *graph) run() (err error) {
+func (gr *graph) run() error { return runVM(gr.vm) }
+
+// runVM executes a compiled graph once and resets the machine for the next run; the nodes
+// keep the values of the run.
+func runVM(vm G.VM) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("model: graph execution panicked: %v", r)
 		}
 	}()
-	defer gr.vm.Reset()
-	return gr.vm.RunAll()
+	defer vm.Reset()
+	return vm.RunAll()
 }
 
 // Spec returns the network's specification.
@@ -191,7 +230,7 @@ func (n *Net) Layout() *Layout { return n.layout }
 func (n *Net) Params() []float32 { return n.params }
 
 // MicroBatch is the training graph's batch size.
-func (n *Net) MicroBatch() int { return n.train.bs }
+func (n *Net) MicroBatch() int { return n.micro }
 
 // EvalBatch is the evaluation graph's batch size.
 func (n *Net) EvalBatch() int { return n.eval.bs }
@@ -227,37 +266,41 @@ func (n *Net) ForwardBackwardStream(b *data.Batch, scale float32, emit func(off 
 	})
 }
 
-// forwardBackward runs the training graph and passes each parameter's gradient to use, in
-// flat-offset order, then clears it.
+// forwardBackward runs the training graph (or the checkpointed segments) on b and passes each
+// parameter's gradient to use, in flat-offset order, then clears it.
 func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g []float32) error) (float32, error) {
-	gr := n.train
-	if b.N != gr.bs || b.SampleSize != prod(n.spec.Input) {
-		return 0, fmt.Errorf("%w: training graph takes %d samples of %d values, got %d of %d", ErrBatch, gr.bs, prod(n.spec.Input), b.N, b.SampleSize)
+	in := prod(n.spec.Input)
+	if b.N != n.micro || b.SampleSize != in {
+		return 0, fmt.Errorf("%w: training graph takes %d samples of %d values, got %d of %d", ErrBatch, n.micro, in, b.N, b.SampleSize)
 	}
-	copy(gr.xbuf, b.X[:len(gr.xbuf)])
-	clear(gr.ybuf)
+	xbuf, ybuf, order := n.trainBuffers()
+	copy(xbuf, b.X[:len(xbuf)])
+	clear(ybuf)
 	classes := n.spec.Classes
-	for i := 0; i < gr.bs; i++ {
+	for i := 0; i < n.micro; i++ {
 		y := int(b.Y[i])
 		if y < 0 || y >= classes {
 			return 0, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
 		}
-		gr.ybuf[i*classes+y] = 1
+		ybuf[i*classes+y] = 1
 	}
-	if err := G.Let(gr.scale, scale); err != nil {
-		return 0, fmt.Errorf("model: setting loss scale: %w", err)
+	var loss float32
+	var err error
+	if n.ckpt != nil {
+		loss, err = n.ckpt.forwardBackward(scale)
+	} else {
+		loss, err = n.train.forwardBackward(scale)
 	}
-	if err := gr.run(); err != nil {
-		return 0, fmt.Errorf("model: forward/backward: %w", err)
+	if err != nil {
+		return 0, err
 	}
-	for _, i := range gr.byOffset {
-		node := gr.learn[i]
-		gv, err := node.Grad()
+	for _, p := range order {
+		gv, err := p.node.Grad()
 		if err != nil {
-			return 0, fmt.Errorf("model: reading gradient of %s: %w", node.Name(), err)
+			return 0, fmt.Errorf("model: reading gradient of %s: %w", p.node.Name(), err)
 		}
 		src, ok := gv.Data().([]float32)
-		t := n.layout.Tensors[gr.tidx[i]]
+		t := n.layout.Tensors[p.tensor]
 		if !ok || len(src) != t.Size {
 			return 0, fmt.Errorf("model: gradient of %s has unexpected type or size", t.Name)
 		}
@@ -268,12 +311,51 @@ func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g 
 		// solvers zero it after every step); zero it so each call sees one micro-batch only.
 		clear(src)
 	}
+	return loss, nil
+}
+
+// paramNode is a parameter node of a training graph and the layout index of its tensor.
+type paramNode struct {
+	node   *G.Node
+	tensor int
+}
+
+// trainBuffers returns the training input and one-hot label buffers and the parameter nodes
+// in increasing flat offset.
+func (n *Net) trainBuffers() (x, y []float32, order []paramNode) {
+	if n.ckpt != nil {
+		return n.ckpt.segs[0].in, n.ckpt.ybuf, n.ckpt.order
+	}
+	gr := n.train
+	if gr.order == nil {
+		for _, i := range gr.byOffset {
+			gr.order = append(gr.order, paramNode{gr.learn[i], gr.tidx[i]})
+		}
+	}
+	return gr.xbuf, gr.ybuf, gr.order
+}
+
+// forwardBackward runs the whole training graph once and returns the unscaled loss.
+func (gr *graph) forwardBackward(scale float32) (float32, error) {
+	if err := G.Let(gr.scale, scale); err != nil {
+		return 0, fmt.Errorf("model: setting loss scale: %w", err)
+	}
+	if err := gr.run(); err != nil {
+		return 0, fmt.Errorf("model: forward/backward: %w", err)
+	}
+	if testHookAfterRun != nil {
+		testHookAfterRun()
+	}
 	loss, ok := gr.lossV.Data().(float32)
 	if !ok {
 		return 0, fmt.Errorf("model: loss has type %T, want float32", gr.lossV.Data())
 	}
 	return loss, nil
 }
+
+// testHookAfterRun, when set by a test, is called after every training-graph run while the
+// run's values are still bound: the point of peak live activation memory.
+var testHookAfterRun func()
 
 // accumulate adds src into dst in working precision f.
 func accumulate(dst, src []float32, f half.Format) {
@@ -336,6 +418,7 @@ func (n *Net) Evaluate(b *data.Batch) (EvalResult, error) {
 // Close releases the graphs' machines; safe to call twice.
 func (n *Net) Close() error {
 	n.train.close()
+	n.ckpt.close()
 	n.eval.close()
 	return nil
 }

@@ -47,6 +47,14 @@ func benchStep(b *testing.B, cfg Config, bytesPerParam int64) {
 
 func BenchmarkAdamW(b *testing.B) { benchStep(b, DefaultConfig(), 28) }
 
+// BenchmarkAdamW8bit: p and g are read and p written as in AdamW, but each moment is one byte
+// read and one written (the per-block scales add 1/64 of that), 16 bytes per parameter.
+func BenchmarkAdamW8bit(b *testing.B) {
+	c := DefaultConfig()
+	c.Type = TypeAdamW8bit
+	benchStep(b, c, 16)
+}
+
 func BenchmarkAdam(b *testing.B) {
 	c := DefaultConfig()
 	c.Type = TypeAdam // with L2 weight decay 0.01

@@ -10,16 +10,21 @@ const (
 	TypeSGD   = "sgd"
 	TypeAdam  = "adam"
 	TypeAdamW = "adamw"
+	// TypeAdam8bit and TypeAdamW8bit are adam and adamw with both moments block-wise quantised
+	// to 8 bits (Dettmers et al., "8-bit Optimizers via Block-wise Quantization", 2022).
+	TypeAdam8bit  = "adam8bit"
+	TypeAdamW8bit = "adamw8bit"
 )
 
 // Config of the optimizer. YAML under `optimizer:`.
 type Config struct {
-	// Type is "sgd", "adam" (Kingma & Ba, 2015) or "adamw" (Loshchilov & Hutter, "Decoupled
-	// Weight Decay Regularization", 2019).
+	// Type is "sgd", "adam" (Kingma & Ba, 2015), "adamw" (Loshchilov & Hutter, "Decoupled
+	// Weight Decay Regularization", 2019), or "adam8bit" and "adamw8bit": the same updates with
+	// the moments kept in 8 bits, about a quarter of the memory (QuantizedStateBytes).
 	Type string `yaml:"type" json:"type"`
 	// LR is the base learning rate. The LR schedule scales it; Step receives the current value.
 	LR float64 `yaml:"lr" json:"lr"`
-	// Momentum is SGD's momentum factor in [0, 1); ignored by adam and adamw.
+	// Momentum is SGD's momentum factor in [0, 1); ignored by the Adam types.
 	Momentum float64 `yaml:"momentum" json:"momentum"`
 	// Nesterov selects Nesterov momentum (Sutskever et al., 2013) for sgd; needs Momentum > 0.
 	Nesterov bool `yaml:"nesterov" json:"nesterov"`
@@ -27,8 +32,9 @@ type Config struct {
 	Betas [2]float64 `yaml:"betas" json:"betas"`
 	// Eps is added to Adam's denominator for numerical stability; > 0.
 	Eps float64 `yaml:"eps" json:"eps"`
-	// WeightDecay >= 0. For sgd and adam it is L2 regularisation added to the gradient
-	// (g += wd*p); for adamw it is decoupled: p *= 1 - lr*wd before the Adam update.
+	// WeightDecay >= 0. For sgd, adam and adam8bit it is L2 regularisation added to the
+	// gradient (g += wd*p); for adamw and adamw8bit it is decoupled: p *= 1 - lr*wd before the
+	// Adam update.
 	WeightDecay float64 `yaml:"weight_decay" json:"weight_decay"`
 	// Threads is the number of threads Step uses, the caller's goroutine included;
 	// 0 means runtime.GOMAXPROCS(0).
@@ -53,9 +59,9 @@ func DefaultConfig() Config {
 // is rejected outside sgd because setting it there is surely a mistake.
 func (c Config) Validate() error {
 	switch c.Type {
-	case TypeSGD, TypeAdam, TypeAdamW:
+	case TypeSGD, TypeAdam, TypeAdamW, TypeAdam8bit, TypeAdamW8bit:
 	default:
-		return fmt.Errorf("type: unknown optimizer %q (want %s, %s or %s)", c.Type, TypeSGD, TypeAdam, TypeAdamW)
+		return fmt.Errorf("type: unknown optimizer %q (want %s, %s, %s, %s or %s)", c.Type, TypeSGD, TypeAdam, TypeAdamW, TypeAdam8bit, TypeAdamW8bit)
 	}
 	if !(c.LR > 0) || math.IsInf(c.LR, 0) {
 		return fmt.Errorf("lr: must be > 0 and finite, got %v", c.LR)

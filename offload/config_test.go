@@ -24,7 +24,7 @@ func TestValidateNamesField(t *testing.T) {
 		mutate func(*Config)
 		want   string // prefix of the error text
 	}{
-		{"unknown type", func(c *Config) { c.Type = "adamax" }, `type: unknown optimizer "adamax" (want sgd, adam or adamw)`},
+		{"unknown type", func(c *Config) { c.Type = "adamax" }, `type: unknown optimizer "adamax" (want sgd, adam, adamw, adam8bit or adamw8bit)`},
 		{"empty type", func(c *Config) { c.Type = "" }, `type: unknown optimizer ""`},
 		{"negative lr", func(c *Config) { c.LR = -1 }, "lr: must be > 0 and finite, got -1"},
 		{"zero lr", func(c *Config) { c.LR = 0 }, "lr: "},

@@ -1,6 +1,7 @@
 // Package offload implements the optimizers that update qvd's fp32 master weights — SGD (with
-// momentum and Nesterov), Adam and AdamW — over flat []float32 slices, plus the worker Pool that
-// runs those and the trainer's other flat-buffer passes (gradient norm, gradient scaling) in
+// momentum and Nesterov), Adam and AdamW, and Adam and AdamW with 8-bit block-wise quantised
+// moments (adam8bit, adamw8bit) — over flat []float32 slices, plus the worker Pool that runs
+// those and the trainer's other flat-buffer passes (gradient norm, gradient scaling) in
 // parallel on the CPU.
 //
 // # Contract
@@ -19,6 +20,12 @@
 // formulas. Explicit float32 conversions pin the rounding of every product so that no platform
 // fuses them into FMAs, which keeps results bit-identical across machines, thread counts and
 // runs: each element's update depends only on that element.
+//
+// The 8-bit optimizers keep each moment as one byte per parameter plus a float32 scale per
+// QuantBlock parameters (Dettmers et al., "8-bit Optimizers via Block-wise Quantization",
+// 2022), blocks counted from the start of the optimizer's own buffer, so each ZeRO shard is
+// quantised on its own. They expose their state through StateCodec in float32, so their
+// checkpoints hold the same exp_avg and exp_avg_sq as adam's and reshard freely.
 //
 // Step, Pool.SumSquares and Pool.Scale do not allocate and start no goroutines: each Pool owns
 // Threads()-1 persistent workers that receive pre-sized tasks over per-worker channels while the

@@ -27,10 +27,61 @@ type Optimizer interface {
 	// order: "exp_avg", "exp_avg_sq" for adam and adamw, "momentum_buffer" for sgd with
 	// momentum, none for plain sgd. A checkpoint saves them and restores by copying into the
 	// same views. The returned slice is the caller's; the buffers are the optimizer's.
+	// An optimizer whose state is not float32 (adam8bit, adamw8bit) returns nil and implements
+	// StateCodec; code that saves, restores or measures state uses ExportState, ImportState and
+	// StateBytes, which handle both kinds.
 	State() []NamedBuffer
 	// Close stops the worker goroutines of the optimizer's own pool (not those of a pool passed
 	// to NewWithPool). It is safe to call twice; Step still works afterwards, single-threaded.
 	Close() error
+}
+
+// StateCodec is implemented by an optimizer that keeps its state in a compact encoding (the
+// 8-bit optimizers) rather than as float32 views. Checkpoints still hold float32 state, so they
+// can be resumed by any world size, ZeRO stage and shard alignment: the encoding is the
+// optimizer's business, its buffers' names and meaning are the float32 optimizer's.
+type StateCodec interface {
+	// ExportState decodes the state into new float32 buffers of length Len(), named and
+	// ordered as the float32 optimizer's State. They are the caller's: temporary memory at
+	// checkpoint time, not views; writing into them changes nothing until ImportState.
+	ExportState() []NamedBuffer
+	// ImportState encodes state, named and sized as ExportState's, into the optimizer. It
+	// returns an error, changing nothing, for the wrong names or lengths or values the state
+	// cannot hold (such as a NaN or a negative second moment).
+	ImportState(state []NamedBuffer) error
+	// StateBytes is the memory the encoded state occupies.
+	StateBytes() int64
+}
+
+// ExportState returns o's state as float32 buffers: State's views for a float32 optimizer,
+// fresh decoded copies for a StateCodec.
+func ExportState(o Optimizer) []NamedBuffer {
+	if c, ok := o.(StateCodec); ok {
+		return c.ExportState()
+	}
+	return o.State()
+}
+
+// ImportState finishes a restore into buffers that ExportState(o) returned: a StateCodec
+// encodes them; for a float32 optimizer they were its views, already written, and it does
+// nothing.
+func ImportState(o Optimizer, state []NamedBuffer) error {
+	if c, ok := o.(StateCodec); ok {
+		return c.ImportState(state)
+	}
+	return nil
+}
+
+// StateBytes is the memory o's state occupies.
+func StateBytes(o Optimizer) int64 {
+	if c, ok := o.(StateCodec); ok {
+		return c.StateBytes()
+	}
+	var b int64
+	for _, nb := range o.State() {
+		b += 4 * int64(len(nb.Data))
+	}
+	return b
 }
 
 // NamedBuffer is a named view of an optimizer state buffer of length Len().
@@ -67,8 +118,13 @@ func NewWithPool(cfg Config, n int, pool *Pool) (Optimizer, error) {
 }
 
 func build(cfg Config, n int, pool *Pool, ownPool bool) Optimizer {
-	if cfg.Type == TypeSGD {
+	switch cfg.Type {
+	case TypeSGD:
 		o := newSGD(cfg, n)
+		o.init(n, pool, ownPool)
+		return o
+	case TypeAdam8bit, TypeAdamW8bit:
+		o := newAdam8(cfg, n)
 		o.init(n, pool, ownPool)
 		return o
 	}

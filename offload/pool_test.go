@@ -17,6 +17,8 @@ func setGrain(o Optimizer, grain int) {
 		o.grain = grain
 	case *sgd:
 		o.grain = grain
+	case *adam8:
+		o.grain = grain
 	default:
 		panic("setGrain: unknown optimizer type")
 	}
@@ -41,7 +43,7 @@ func sameBits(a, b []float32) int {
 
 func allConfigs() map[string]Config {
 	cfgs := map[string]Config{}
-	for _, name := range []string{"sgd", "sgd/momentum/wd", "sgd/nesterov", "adam", "adam/wd", "adamw"} {
+	for _, name := range []string{"sgd", "sgd/momentum/wd", "sgd/nesterov", "adam", "adam/wd", "adamw", "adam8bit/wd", "adamw8bit"} {
 		c := DefaultConfig()
 		switch name {
 		case "sgd":
@@ -54,6 +56,10 @@ func allConfigs() map[string]Config {
 			c.Type, c.WeightDecay = TypeAdam, 0
 		case "adam/wd":
 			c.Type = TypeAdam
+		case "adam8bit/wd":
+			c.Type = TypeAdam8bit
+		case "adamw8bit":
+			c.Type = TypeAdamW8bit
 		}
 		cfgs[name] = c
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -155,7 +156,9 @@ func (t *Trainer) save(cctx context.Context) error {
 	shardName := fmt.Sprintf(optimizerFileFmt, t.rank)
 	writeShard := func(w io.Writer) error {
 		var opt []checkpoint.Tensor
-		for _, nb := range t.eng.Optimizer().State() {
+		// float32 whatever the optimizer keeps (the 8-bit ones decode into temporary copies),
+		// so that any world size and stage can resume from it.
+		for _, nb := range offload.ExportState(t.eng.Optimizer()) {
 			opt = append(opt, checkpoint.Tensor{Name: nb.Name, Shape: []int{len(nb.Data)}, Data: nb.Data})
 		}
 		return checkpoint.WriteSafetensors(w, opt, map[string]string{

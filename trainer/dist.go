@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -107,13 +108,16 @@ const restoreChunk = 1 << 22
 // space is walked in chunks; rank 0 reads each chunk from whichever saved shards overlap it
 // (the checkpoint may come from any world size and stage), broadcasts it with a status flag,
 // and each rank copies the part inside its own shard. A read error on rank 0 fails every rank
-// at the same chunk instead of leaving them waiting.
+// at the same chunk instead of leaving them waiting. The chunks land in float32 buffers: the
+// optimizer's own state, or, for an optimizer that encodes its state (offload.StateCodec),
+// decoded copies that it encodes again at the end.
 func (t *Trainer) loadOptimizerState(ctx context.Context) error {
 	n := t.layout.Size
 	lo, hi := t.eng.Shard()
 	chunk := min(restoreChunk, max(n, 1))
 	buf := make([]float32, chunk+1)
-	for _, nb := range t.eng.Optimizer().State() {
+	state := offload.ExportState(t.eng.Optimizer())
+	for _, nb := range state {
 		for a := 0; a < n; a += chunk {
 			b := min(a+chunk, n)
 			part := buf[:b-a+1]
@@ -140,6 +144,9 @@ func (t *Trainer) loadOptimizerState(ctx context.Context) error {
 				copy(nb.Data[x-lo:y-lo], part[x-a:y-a])
 			}
 		}
+	}
+	if err := offload.ImportState(t.eng.Optimizer(), state); err != nil {
+		return fmt.Errorf("resume: optimizer state from the checkpoint: %w", err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 )
 
@@ -34,12 +35,15 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		if err := t.train.Fill(t.batch, idx, t.norm); err != nil {
 			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
 		}
+		fb := t.beginPhase(memory.PhaseForwardBackward)
 		loss, err := t.microBatch(cctx, lossMul)
+		fb.end()
 		if err != nil {
 			return false, fmt.Errorf("step %d, micro-batch %d: %w", t.step+1, j, err)
 		}
 		lossSum += float64(loss)
 	}
+	comm := t.beginPhase(memory.PhaseCommunication)
 	if err := t.eng.Reduce(cctx); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
@@ -62,6 +66,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
+	comm.end()
 	overflow := math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
 	t.step++
 	t.offset += t.global
@@ -86,9 +91,11 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 			gradScale *= t.cfg.MaxGradNorm / (norm + 1e-6)
 		}
 		lr := t.optCfg.LR * t.sched.Factor(t.eng.Optimizer().Steps(), t.totalSteps)
+		opt := t.beginPhase(memory.PhaseOptimizer)
 		if err := t.eng.Step(cctx, float32(lr), float32(gradScale)); err != nil {
 			return false, fmt.Errorf("step %d: %w", t.step, err)
 		}
+		opt.end()
 		if t.scaler != nil {
 			if _, changed := t.scaler.Update(false); changed {
 				t.log.Info("loss scale grew", zap.Int64("step", t.step), zap.Float64("scale", t.scaler.Scale()))
@@ -129,9 +136,7 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 	} else {
 		t.emaStep = 0.9*t.emaStep + 0.1*dt
 	}
-	snap := t.mem.Read()
-	rec.HeapBytes, rec.RSSBytes = snap.HeapInUse, snap.RSS
-	rec.Memory = t.memoryRecord()
+	t.observeMemory(&rec)
 	rec.Time = float64(t.clock.Now().UnixNano()) / 1e9
 	res.LastLoss = rec.Loss
 	if t.metrics != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/zero"
@@ -95,6 +96,11 @@ type Setup struct {
 	Progress ProgressSink
 	Logger   *zap.Logger
 	Clock    Clock
+	// MemoryMonitor, if set, gets per-phase peaks and one sample per step; the trainer logs
+	// its line every memory.log_every steps and at new peaks, warns on host memory pressure,
+	// logs the memory change of each phase's first run, and writes its figures to the
+	// metrics. The caller owns it and closes it. nil: only heap and RSS are recorded.
+	MemoryMonitor *memory.Monitor
 }
 
 // Result summarises a run.
@@ -168,6 +174,8 @@ type Trainer struct {
 	progress ProgressSink
 	clock    Clock
 	mem      *memstat.Reader
+	mon      *memory.Monitor // nil: no monitor
+	monState monitorState
 	emaStep  float64 // smoothed seconds per step, for ETA
 
 	scalarBuf    []float32 // for the small per-step all-reduces
@@ -207,7 +215,7 @@ func New(s Setup) (*Trainer, error) {
 		train: s.Train, test: s.Test, norm: s.Normalize,
 		world: 1, rank: 0, comm: s.Comm,
 		log: s.Logger, metrics: s.Metrics, progress: s.Progress, clock: s.Clock,
-		mem: memstat.NewReader(), scalarBuf: make([]float32, 8),
+		mem: memstat.NewReader(), mon: s.MemoryMonitor, scalarBuf: make([]float32, 8),
 	}
 	if t.log == nil {
 		t.log = zap.NewNop()

@@ -489,9 +489,7 @@ func (e *Engine) Memory() Memory {
 	if !(e.format == half.FP32 && !e.offload) { // otherwise the master is the parameters
 		side.Master = int64(len(e.master)) * f32
 	}
-	for _, nb := range e.opt.State() {
-		side.Optimizer += int64(len(nb.Data)) * f32
-	}
+	side.Optimizer = offload.StateBytes(e.opt) // codes and scales for the 8-bit optimizers
 	m.Host.Buffers += int64(len(e.staging)) * f32
 	return m
 }

@@ -3,6 +3,8 @@ package zero
 import (
 	"errors"
 	"fmt"
+
+	"github.com/qvd/qvd/offload"
 )
 
 // Spec describes one rank's model states for Estimate.
@@ -18,8 +20,11 @@ type Spec struct {
 	// (no separate master copy unless offloaded).
 	FP32 bool
 	// StateElems is the optimizer's state per parameter: 2 for Adam/AdamW (exp_avg,
-	// exp_avg_sq), 1 for SGD with momentum, 0 for plain SGD.
+	// exp_avg_sq) and their 8-bit versions, 1 for SGD with momentum, 0 for plain SGD.
 	StateElems int
+	// Quantized says the state is block-wise 8-bit (adam8bit, adamw8bit): a byte per element
+	// and a float32 scale per offload.QuantBlock elements of each buffer, instead of float32.
+	Quantized bool
 	// BucketElems is the reduce bucket size (stage 2 stages one or two buckets on the device).
 	BucketElems int
 }
@@ -90,6 +95,9 @@ func Estimate(s Spec) (Memory, error) {
 		side.Master = f32 * shard
 	}
 	side.Optimizer = f32 * int64(s.StateElems) * shard
+	if s.Quantized {
+		side.Optimizer = offload.QuantizedStateBytes(s.StateElems, shard)
+	}
 	if s.Offload && !s.FP32 {
 		m.Host.Buffers = b * shard // the updated shard rounded before it is copied back
 	}

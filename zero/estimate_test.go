@@ -12,8 +12,8 @@ import (
 )
 
 // TestEstimateMatchesEngine: for the shipped models, every stage, offload on and off, fp32
-// and bf16, and 1 to 4 ranks, Estimate with 4-byte elements equals what the CPU engine
-// allocates on its largest-shard rank, byte for byte.
+// and bf16, 1 to 4 ranks, and AdamW, SGD and 8-bit AdamW, Estimate with 4-byte elements
+// equals what the CPU engine allocates on its largest-shard rank, byte for byte.
 func TestEstimateMatchesEngine(t *testing.T) {
 	pool := offload.NewPool(1)
 	defer pool.Close()
@@ -27,7 +27,9 @@ func TestEstimateMatchesEngine(t *testing.T) {
 			t.Fatal(err)
 		}
 		n := model.NewLayout(spec).Size
-		for _, opt := range []offload.Config{cfg.Optimizer, {Type: "sgd", LR: 0.1, Momentum: 0.9}} {
+		q8 := cfg.Optimizer
+		q8.Type = offload.TypeAdamW8bit
+		for _, opt := range []offload.Config{cfg.Optimizer, {Type: "sgd", LR: 0.1, Momentum: 0.9}, q8} {
 			for _, f := range []half.Format{half.FP32, half.BF16} {
 				for world := 1; world <= 4; world++ {
 					for stage := 0; stage <= 2; stage++ {
@@ -51,9 +53,9 @@ func TestEstimateMatchesEngine(t *testing.T) {
 							}
 							got := e.Memory()
 							e.Close()
-							state := map[string]int{"adamw": 2, "adam": 2, "sgd": 1}[opt.Type]
+							state := map[string]int{"adamw": 2, "adam": 2, "sgd": 1, "adamw8bit": 2}[opt.Type]
 							want, err := zero.Estimate(zero.Spec{Elems: n, World: world, Stage: stage, Offload: off, ElemBytes: 4,
-								FP32: f == half.FP32, StateElems: state, BucketElems: 50_000})
+								FP32: f == half.FP32, StateElems: state, Quantized: opt.Type == offload.TypeAdamW8bit, BucketElems: 50_000})
 							if err != nil {
 								t.Fatal(err)
 							}

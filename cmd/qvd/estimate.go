@@ -15,6 +15,7 @@ import (
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -34,7 +35,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	stage := fs.Int("stage", -1, "ZeRO stage to mark in the table and use for --recommend (default: the config's, or 2)")
 	offloadF := fs.String("offload", "", "none or cpu (default: the config's, or none)")
 	precision := fs.String("precision", "", "fp32, fp16 or bf16 (default: the config's, or fp16)")
-	optimizer := fs.String("optimizer", "", "adamw, adam or sgd (default: the config's, or adamw)")
+	optimizer := fs.String("optimizer", "", "adamw, adam, sgd, adamw8bit or adam8bit (default: the config's, or adamw)")
 	recommend := fs.Bool("recommend", false, "recommend micro-batch and accumulation steps for --memory and --effective-batch")
 	memory := fs.String("memory", "", "memory budget per rank for --recommend, e.g. 24GiB, 16GB, 512MiB")
 	effective := fs.Int("effective-batch", 0, "global batch (micro × accum × world) to keep, for --recommend")
@@ -111,7 +112,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 		in.optimizer = *optimizer
 	}
 	if in.stateElems() < 0 {
-		return fail("--optimizer must be adamw, adam or sgd, got %q", in.optimizer)
+		return fail("--optimizer must be adamw, adam, sgd, adamw8bit or adam8bit, got %q", in.optimizer)
 	}
 	if err := in.printTable(stdout); err != nil {
 		return fail("%v", err)
@@ -178,7 +179,7 @@ func (in estimateInput) format() half.Format { f, _ := half.ParseFormat(in.preci
 // stateElems is the optimizer state per parameter (-1: unknown optimizer).
 func (in estimateInput) stateElems() int {
 	switch in.optimizer {
-	case "adam", "adamw":
+	case "adam", "adamw", "adam8bit", "adamw8bit":
 		return 2
 	case "sgd":
 		if in.momentum != 0 {
@@ -189,9 +190,14 @@ func (in estimateInput) stateElems() int {
 	return -1
 }
 
+// quantized says the optimizer keeps its state in 8 bits (offload.QuantizedStateBytes).
+func (in estimateInput) quantized() bool {
+	return in.optimizer == offload.TypeAdam8bit || in.optimizer == offload.TypeAdamW8bit
+}
+
 func (in estimateInput) spec(stage int, offload bool, elemBytes int) zero.Spec {
 	return zero.Spec{Elems: in.elems, World: in.world, Stage: stage, Offload: offload, ElemBytes: elemBytes,
-		FP32: in.format() == half.FP32, StateElems: in.stateElems(), BucketElems: int(min(in.bucket, int64(max(in.elems, 1))))}
+		FP32: in.format() == half.FP32, StateElems: in.stateElems(), Quantized: in.quantized(), BucketElems: int(min(in.bucket, int64(max(in.elems, 1))))}
 }
 
 // printTable prints both accountings for every stage and offload setting.
@@ -220,7 +226,7 @@ func (in estimateInput) printTable(w io.Writer) error {
 				offS = "cpu"
 			}
 			formula := zero.PaperFormula(stage, off)
-			if f == half.FP32 || in.stateElems() != 2 {
+			if f == half.FP32 || in.stateElems() != 2 || in.quantized() {
 				formula = "-"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t  stage=%d offload_optimizer=%s\t  %s\t\n", mark, humanBytes(gpu.Device.Total()), humanBytes(gpu.Host.Total()),

@@ -22,6 +22,7 @@ import (
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
 	"github.com/qvd/qvd/internal/version"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/trainer"
 )
@@ -44,6 +45,7 @@ type runFlags struct {
 	zeroStage               int
 	checkpointEvery         int
 	offload                 string
+	activationCheckpointing int
 }
 
 func newRunFlags(name string, stderr io.Writer) *runFlags {
@@ -70,6 +72,7 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
 	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
+	fs.IntVar(&f.activationCheckpointing, "activation-checkpointing", 0, "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
 	return f
 }
 
@@ -130,6 +133,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Checkpoint.EverySteps = f.checkpointEvery
 		case "offload":
 			cfg.Zero.OffloadOptimizer.Device = f.offload
+		case "activation-checkpointing":
+			cfg.Model.ActivationCheckpointing.Segments = f.activationCheckpointing
 		}
 	})
 	if err := ds.CheckBatch(&cfg, world); err != nil {
@@ -469,6 +474,11 @@ func (s stepSink) Write(r metrics.Record) error {
 func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	cfg, log := j.cfg, j.log
 	start := time.Now()
+	mon, err := memory.New(cfg.Memory, memory.Options{})
+	if err != nil {
+		return trainer.Result{}, fmt.Errorf("memory.%w", err)
+	}
+	defer mon.Close()
 	if cfg.Train.Threads > 0 {
 		blas.SetThreads(cfg.Train.Threads)
 	}
@@ -480,14 +490,17 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	if err != nil {
 		return trainer.Result{}, err
 	}
+	build := mon.Measure("model build")
 	layout := model.NewLayout(spec)
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, cfg.Run.Seed)
-	net, err := model.New(spec, layout, params, model.Options{MicroBatch: cfg.Train.MicroBatch, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format()})
+	net, err := model.New(spec, layout, params, model.Options{MicroBatch: cfg.Train.MicroBatch, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
+		Segments: cfg.Model.ActivationCheckpointing.Segments})
 	if err != nil {
 		return trainer.Result{}, err
 	}
 	defer net.Close()
+	logMeasure(log, build.Done())
 	log.Info("qvd", zap.String("version", version.Version), zap.String("run", cfg.Run.Name), zap.String("out", cfg.Run.Out),
 		zap.String("model", spec.String()), zap.Int("params", layout.NumParams()), zap.String("blas", blas.Use()),
 		zap.Int("train_samples", trainSet.N), zap.Int("test_samples", testSet.N))
@@ -527,11 +540,19 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	if j.line != nil {
 		setup.Progress = j.line
 	}
+	setup.MemoryMonitor = mon
+	build = mon.Measure("trainer build")
 	t, err := trainer.New(setup)
 	if err != nil {
 		return trainer.Result{}, err
 	}
 	defer t.Close()
+	logMeasure(log, build.Done())
+	restore, err := applyMemoryLimit(cfg.Memory.Limit, t.Memory(), log)
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	defer restore()
 	if j.member != nil {
 		j.member.watchPeers(j.roster, t.Abort)
 	}

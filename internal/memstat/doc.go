@@ -1,6 +1,6 @@
 // Package memstat reads the host memory figures the trainer logs with every step: the Go
 // heap, everything the Go runtime has mapped, the process's resident set, the memory the
-// system still has available, and swap traffic.
+// system still has available and its total, and swap traffic.
 //
 // Contract:
 //   - Reader.Read is cheap enough to call every optimizer step: it reuses its runtime/metrics

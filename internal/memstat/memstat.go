@@ -18,6 +18,7 @@ type Snapshot struct {
 	GoTotal     uint64 // all memory mapped by the Go runtime ("/memory/classes/total:bytes")
 	RSS         uint64 // resident set size (/proc/self/statm, resident pages * page size)
 	Available   uint64 // system MemAvailable (/proc/meminfo)
+	Total       uint64 // system MemTotal (/proc/meminfo)
 	SwapInPages uint64 // cumulative pages swapped in since boot (pswpin in /proc/vmstat)
 	// SwapOutPages is the cumulative count of pages swapped out since boot (pswpout). A rise
 	// between two steps means the machine is swapping, which explains a sudden slowdown.
@@ -51,7 +52,10 @@ func NewReader() *Reader {
 	return newReaderAt("/proc")
 }
 
-// newReaderAt reads the /proc files under root, so tests can substitute their own.
+// NewReaderAt returns a Reader of the /proc files under root instead of /proc, so tests (of
+// this package and of its users) can substitute their own.
+func NewReaderAt(root string) *Reader { return newReaderAt(root) }
+
 func newReaderAt(root string) *Reader {
 	return &Reader{
 		samples: []metrics.Sample{
@@ -87,6 +91,9 @@ func (r *Reader) Read() Snapshot {
 	if b := r.meminfo.read(); b != nil {
 		if kb, ok := lookup(b, "MemAvailable:"); ok {
 			s.Available = kb << 10 // meminfo reports kB, meaning KiB
+		}
+		if kb, ok := lookup(b, "MemTotal:"); ok {
+			s.Total = kb << 10
 		}
 	}
 	if b := r.vmstat.read(); b != nil {

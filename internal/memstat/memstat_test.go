@@ -59,8 +59,8 @@ func TestReadFakeProc(t *testing.T) {
 		if s.RSS != 410*page {
 			t.Errorf("RSS = %d, want %d", s.RSS, 410*page)
 		}
-		if s.Available != 23985272*1024 {
-			t.Errorf("Available = %d, want %d", s.Available, 23985272*1024)
+		if s.Available != 23985272*1024 || s.Total != 24682416*1024 {
+			t.Errorf("Available, Total = %d, %d, want %d, %d", s.Available, s.Total, 23985272*1024, 24682416*1024)
 		}
 		if s.SwapInPages != 12 || s.SwapOutPages != 34 {
 			t.Errorf("swap in/out = %d/%d, want 12/34", s.SwapInPages, s.SwapOutPages)
@@ -84,7 +84,7 @@ func TestMissingAndMalformedFiles(t *testing.T) {
 		"missing": {},
 		"malformed": {
 			"self/statm": "garbage\n",
-			"meminfo":    "MemTotal: 1 kB\nMemAvailableX: 5 kB\nMemAvailable: kB\n",
+			"meminfo":    "MemTotalX: 1 kB\nMemAvailableX: 5 kB\nMemAvailable: kB\nMemTotal: x kB\n",
 			"vmstat":     "pswpin\npswpout x\n",
 		},
 		"empty":    {"self/statm": "", "meminfo": "", "vmstat": ""},
@@ -96,7 +96,7 @@ func TestMissingAndMalformedFiles(t *testing.T) {
 			defer r.Close()
 			for range 2 { // the second Read takes the "failed before" path
 				s := r.Read()
-				if s.RSS != 0 || s.Available != 0 || s.SwapInPages != 0 || s.SwapOutPages != 0 {
+				if s.RSS != 0 || s.Available != 0 || s.Total != 0 || s.SwapInPages != 0 || s.SwapOutPages != 0 {
 					t.Fatalf("want zeros for unreadable figures, got %+v", s)
 				}
 				if s.HeapInUse == 0 {

@@ -31,7 +31,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 }
 
 func (r *Record) finite() bool {
-	for _, f := range [...]float64{r.Time, r.Epoch, r.Loss, r.LR, r.Scale, r.GradNorm, r.SamplesPerSec, r.Accuracy} {
+	for _, f := range [...]float64{r.Time, r.Epoch, r.Loss, r.LR, r.Scale, r.GradNorm, r.SamplesPerSec, r.SwapInRate, r.SwapOutRate, r.Accuracy} {
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			return false
 		}
@@ -88,7 +88,15 @@ type wireRecord struct {
 	HeapBytes uint64 `json:"heap_bytes,omitempty"`
 	RSSBytes  uint64 `json:"rss_bytes,omitempty"`
 
-	Memory map[string]int64 `json:"memory,omitempty"`
+	AvailableBytes uint64        `json:"available_bytes,omitempty"`
+	MaxHeapBytes   uint64        `json:"max_heap_bytes,omitempty"`
+	LiveHeapBytes  uint64        `json:"live_heap_bytes,omitempty"`
+	SwapInRate     nullableFloat `json:"swap_in_rate,omitempty"`
+	SwapOutRate    nullableFloat `json:"swap_out_rate,omitempty"`
+
+	Memory    map[string]int64 `json:"memory,omitempty"`
+	PhaseHeap map[string]int64 `json:"phase_heap,omitempty"`
+	GPU       map[string]int64 `json:"gpu,omitempty"`
 
 	Accuracy nullableFloat `json:"accuracy,omitempty"`
 	Samples  int           `json:"samples,omitempty"`
@@ -96,40 +104,54 @@ type wireRecord struct {
 
 func (r *Record) toWire() wireRecord {
 	return wireRecord{
-		Kind:          r.Kind,
-		Time:          nullableFloat(r.Time),
-		Step:          r.Step,
-		Epoch:         nullableFloat(r.Epoch),
-		Loss:          nullableFloat(r.Loss),
-		LR:            nullableFloat(r.LR),
-		Scale:         nullableFloat(r.Scale),
-		GradNorm:      nullableFloat(r.GradNorm),
-		SamplesPerSec: nullableFloat(r.SamplesPerSec),
-		Skipped:       r.Skipped,
-		HeapBytes:     r.HeapBytes,
-		RSSBytes:      r.RSSBytes,
-		Memory:        r.Memory,
-		Accuracy:      nullableFloat(r.Accuracy),
-		Samples:       r.Samples,
+		Kind:           r.Kind,
+		Time:           nullableFloat(r.Time),
+		Step:           r.Step,
+		Epoch:          nullableFloat(r.Epoch),
+		Loss:           nullableFloat(r.Loss),
+		LR:             nullableFloat(r.LR),
+		Scale:          nullableFloat(r.Scale),
+		GradNorm:       nullableFloat(r.GradNorm),
+		SamplesPerSec:  nullableFloat(r.SamplesPerSec),
+		Skipped:        r.Skipped,
+		HeapBytes:      r.HeapBytes,
+		RSSBytes:       r.RSSBytes,
+		AvailableBytes: r.AvailableBytes,
+		MaxHeapBytes:   r.MaxHeapBytes,
+		LiveHeapBytes:  r.LiveHeapBytes,
+		SwapInRate:     nullableFloat(r.SwapInRate),
+		SwapOutRate:    nullableFloat(r.SwapOutRate),
+		Memory:         r.Memory,
+		PhaseHeap:      r.PhaseHeap,
+		GPU:            r.GPU,
+		Accuracy:       nullableFloat(r.Accuracy),
+		Samples:        r.Samples,
 	}
 }
 
 func (w *wireRecord) record() Record {
 	return Record{
-		Kind:          w.Kind,
-		Time:          float64(w.Time),
-		Step:          w.Step,
-		Epoch:         float64(w.Epoch),
-		Loss:          float64(w.Loss),
-		LR:            float64(w.LR),
-		Scale:         float64(w.Scale),
-		GradNorm:      float64(w.GradNorm),
-		SamplesPerSec: float64(w.SamplesPerSec),
-		Skipped:       w.Skipped,
-		HeapBytes:     w.HeapBytes,
-		RSSBytes:      w.RSSBytes,
-		Memory:        w.Memory,
-		Accuracy:      float64(w.Accuracy),
-		Samples:       w.Samples,
+		Kind:           w.Kind,
+		Time:           float64(w.Time),
+		Step:           w.Step,
+		Epoch:          float64(w.Epoch),
+		Loss:           float64(w.Loss),
+		LR:             float64(w.LR),
+		Scale:          float64(w.Scale),
+		GradNorm:       float64(w.GradNorm),
+		SamplesPerSec:  float64(w.SamplesPerSec),
+		Skipped:        w.Skipped,
+		HeapBytes:      w.HeapBytes,
+		RSSBytes:       w.RSSBytes,
+		AvailableBytes: w.AvailableBytes,
+		MaxHeapBytes:   w.MaxHeapBytes,
+		LiveHeapBytes:  w.LiveHeapBytes,
+		SwapInRate:     float64(w.SwapInRate),
+		SwapOutRate:    float64(w.SwapOutRate),
+		Memory:         w.Memory,
+		PhaseHeap:      w.PhaseHeap,
+		GPU:            w.GPU,
+		Accuracy:       float64(w.Accuracy),
+		Samples:        w.Samples,
 	}
 }

@@ -536,7 +536,10 @@ func TestConcurrentWrites(t *testing.T) {
 func TestWriteCSV(t *testing.T) {
 	recs := []Record{
 		{Kind: KindTrain, Time: 1700000000.5, Step: 1, Epoch: 0.01, Loss: 2.5, LR: 1e-3, Scale: 65536, GradNorm: 1.25, SamplesPerSec: 1800, HeapBytes: 1 << 20, RSSBytes: 2 << 20,
-			Memory: map[string]int64{"host_optimizer": 8192, "device_params": 4096}},
+			AvailableBytes: 3 << 20, MaxHeapBytes: 4 << 20, LiveHeapBytes: 5 << 20, SwapInRate: 0.5, SwapOutRate: 12,
+			Memory:    map[string]int64{"host_optimizer": 8192, "device_params": 4096},
+			PhaseHeap: map[string]int64{"optimizer": 300, "forward+backward": 500},
+			GPU:       map[string]int64{"gpu0_used": 7, "gpu0_total": 9}},
 		{Kind: KindTrain, Time: 1700000001, Step: 2, Epoch: 0.02, Loss: math.NaN(), Skipped: true},
 		{Kind: KindEval, Time: 1700000002, Step: 2, Epoch: 1, Loss: 0.5, Accuracy: 0.9, Samples: 10000},
 	}
@@ -549,10 +552,12 @@ func TestWriteCSV(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := [][]string{
-		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes", "memory", "accuracy", "samples"},
-		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152", "device_params=4096 host_optimizer=8192", "", ""},
-		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", ""},
-		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "0.9", "10000"},
+		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes",
+			"available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate", "memory", "phase_heap", "gpu", "accuracy", "samples"},
+		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152",
+			"3145728", "4194304", "5242880", "0.5", "12", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", ""},
+		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", ""},
+		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "0.9", "10000"},
 	}
 	if !reflect.DeepEqual(rows, want) {
 		t.Fatalf("CSV:\n got %q\nwant %q", rows, want)

@@ -61,7 +61,8 @@ func read(r io.Reader) ([]Record, error) {
 // CSVHeader is the header row WriteCSV writes; the columns follow Record's JSON names.
 var CSVHeader = []string{
 	"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec",
-	"skipped", "heap_bytes", "rss_bytes", "memory", "accuracy", "samples",
+	"skipped", "heap_bytes", "rss_bytes", "available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate",
+	"memory", "phase_heap", "gpu", "accuracy", "samples",
 }
 
 // WriteCSV writes recs as CSV with a header row. Fields that the JSON form omits when zero
@@ -89,7 +90,14 @@ func WriteCSV(w io.Writer, recs []Record) error {
 			strconv.FormatBool(r.Skipped),
 			optUint(r.HeapBytes),
 			optUint(r.RSSBytes),
+			optUint(r.AvailableBytes),
+			optUint(r.MaxHeapBytes),
+			optUint(r.LiveHeapBytes),
+			optFloat(r.SwapInRate),
+			optFloat(r.SwapOutRate),
 			formatMemory(r.Memory),
+			formatMemory(r.PhaseHeap),
+			formatMemory(r.GPU),
 			optFloat(r.Accuracy),
 			optInt(int64(r.Samples)),
 		)

@@ -28,9 +28,23 @@ type Record struct {
 
 	HeapBytes uint64 `json:"heap_bytes,omitempty"` // Go heap in use
 	RSSBytes  uint64 `json:"rss_bytes,omitempty"`  // resident set size of the process
+	// The memory monitor's host figures (see package memory): the system's available memory,
+	// the largest Go heap sample so far, the heap the last collection kept (no garbage), and
+	// pages swapped in and out per second since the previous step.
+	AvailableBytes uint64  `json:"available_bytes,omitempty"`
+	MaxHeapBytes   uint64  `json:"max_heap_bytes,omitempty"`
+	LiveHeapBytes  uint64  `json:"live_heap_bytes,omitempty"`
+	SwapInRate     float64 `json:"swap_in_rate,omitempty"`
+	SwapOutRate    float64 `json:"swap_out_rate,omitempty"`
 	// Memory is what the rank holds for training by category ("device_params",
 	// "host_optimizer", ...; see zero.Memory), in bytes; zero categories are left out.
 	Memory map[string]int64 `json:"memory,omitempty"`
+	// PhaseHeap is the largest Go heap sampled at the end of each phase so far
+	// ("forward+backward", "communication", "optimizer"), in bytes.
+	PhaseHeap map[string]int64 `json:"phase_heap,omitempty"`
+	// GPU is each GPU's memory from NVML ("gpu0_used", "gpu0_free", "gpu0_total"), in bytes,
+	// on the steps where the monitor logged its line; absent without GPUs.
+	GPU map[string]int64 `json:"gpu,omitempty"`
 
 	Accuracy float64 `json:"accuracy,omitempty"` // eval only: fraction of test samples classified correctly
 	Samples  int     `json:"samples,omitempty"`  // eval only: number of test samples evaluated
