@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -30,6 +31,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	// samples; the loss scale rides on the same multiplier.
 	lossMul := float32(scale / float64(t.cfg.Accum))
 	var lossSum float64
+	ran := 0
 	for j := 0; j < t.cfg.Accum; j++ {
 		idx := data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, t.cfg.MicroBatch)
 		if err := t.train.Fill(t.batch, idx, t.norm); err != nil {
@@ -38,26 +40,39 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		fb := t.beginPhase(memory.PhaseForwardBackward)
 		loss, err := t.microBatch(cctx, lossMul)
 		fb.end()
+		if errors.Is(err, memory.ErrOutOfMemory) {
+			if err := t.skipMicroBatch(j, err); err != nil {
+				return false, fmt.Errorf("step %d, micro-batch %d: %w", t.step+1, j, err)
+			}
+			continue
+		}
 		if err != nil {
 			return false, fmt.Errorf("step %d, micro-batch %d: %w", t.step+1, j, err)
 		}
+		t.adapt.streak = 0
 		lossSum += float64(loss)
+		ran++
 	}
 	comm := t.beginPhase(memory.PhaseCommunication)
 	if err := t.eng.Reduce(cctx); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
-	// The mean loss over all ranks (for logging) and the stop request travel together.
+	// The loss (for logging), the stop request and a request to adapt the micro-batch travel
+	// together, so every rank stops or adapts at the same step.
 	wantStop := 0.0
 	if ctx.Err() != nil {
 		wantStop = 1
 	}
-	sc := []float64{lossSum / float64(t.cfg.Accum), wantStop}
+	sc := []float64{lossSum, float64(ran), wantStop, t.wantAdapt()}
 	if err := t.reduceScalars(cctx, sc, collective.Sum); err != nil {
 		return false, fmt.Errorf("step %d: reducing the loss: %w", t.step+1, err)
 	}
-	loss := sc[0] / float64(t.world)
-	stop = sc[1] > 0
+	loss := math.NaN()
+	if sc[1] > 0 {
+		loss = sc[0] / sc[1] // mean over the micro-batches that ran, on all ranks
+	}
+	stop = sc[2] > 0
+	adaptNow := sc[3] > 0
 
 	// One pass gives both the norm and the overflow check: any Inf/NaN makes the sum
 	// non-finite. The sum is identical on every rank (the same gradient bits at stages 0-1,
@@ -74,7 +89,13 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if t.scaler != nil {
 		rec.Scale = scale
 	}
-	if overflow {
+	switch {
+	case sc[1] == 0:
+		// Every micro-batch of every rank ran out of memory: there is no gradient to apply.
+		t.skipped++
+		rec.Skipped = true
+		t.log.Warn("every micro-batch of this step ran out of memory: skipping the optimizer step", zap.Int64("step", t.step))
+	case overflow:
 		if t.scaler == nil {
 			return false, fmt.Errorf("step %d: the gradient is not finite (loss %v) in %s: the run diverged; lower the learning rate or enable max_grad_norm",
 				t.step, loss, t.format)
@@ -84,7 +105,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		rec.Skipped = true
 		t.log.Warn("fp16 gradient overflow: skipping the optimizer step",
 			zap.Int64("step", t.step), zap.Float64("scale", scale), zap.Float64("new_scale", t.scaler.Scale()), zap.Bool("scale_changed", changed))
-	} else {
+	default:
 		norm := math.Sqrt(sumsq) / scale
 		gradScale := 1 / scale
 		if t.cfg.MaxGradNorm > 0 && norm > t.cfg.MaxGradNorm {
@@ -104,10 +125,18 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		rec.LR = lr
 		rec.GradNorm = norm
 	}
-	if (math.IsNaN(loss) || math.IsInf(loss, 0)) && t.scaler == nil {
+	if sc[1] > 0 && (math.IsNaN(loss) || math.IsInf(loss, 0)) && t.scaler == nil {
 		return false, fmt.Errorf("step %d: the loss is %v: the run diverged", t.step, loss)
 	}
-	return stop, t.report(res, rec, start)
+	if err := t.report(res, rec, start); err != nil {
+		return stop, err
+	}
+	if adaptNow {
+		if err := t.halveMicroBatch(); err != nil {
+			return stop, fmt.Errorf("after step %d: %w", t.step, err)
+		}
+	}
+	return stop, nil
 }
 
 // microBatch runs the forward and backward pass of the filled micro-batch, its gradient going

@@ -101,6 +101,17 @@ type Setup struct {
 	// logs the memory change of each phase's first run, and writes its figures to the
 	// metrics. The caller owns it and closes it. nil: only heap and RSS are recorded.
 	MemoryMonitor *memory.Monitor
+
+	// Rebuild, if set, builds the model again for another micro-batch over the same
+	// parameter buffer: the trainer then adapts to memory trouble at run time, halving the
+	// micro-batch and doubling accumulation (the global batch, and so the run, unchanged)
+	// after OOMAdaptAfter consecutive out-of-memory micro-batches, and, with AdaptOnPressure,
+	// when the memory monitor reports host pressure.
+	Rebuild         func(microBatch int) (Model, error)
+	AdaptOnPressure bool
+	// OOMAdaptAfter is how many consecutive micro-batches may fail with
+	// memory.ErrOutOfMemory before the micro-batch is halved (0 = 3).
+	OOMAdaptAfter int
 }
 
 // Result summarises a run.
@@ -114,6 +125,11 @@ type Result struct {
 	TestLoss       float64
 	Checkpoint     string // path of the last checkpoint written ("" if none)
 	Interrupted    bool   // the context was cancelled; a checkpoint was written at the step boundary
+	// SkippedMicroBatches counts micro-batches skipped on an out-of-memory error (this rank).
+	SkippedMicroBatches int64
+	// MicroBatch and Accum are the values in use at the end (memory adaptation may have
+	// halved the micro-batch and doubled the accumulation).
+	MicroBatch, Accum int
 	// WeightsSHA256 is the SHA-256 of the working parameters' bytes at the end: equal on every
 	// rank of a group (they hold the same model), and a cheap fingerprint to compare runs.
 	WeightsSHA256 string
@@ -176,6 +192,7 @@ type Trainer struct {
 	mem      *memstat.Reader
 	mon      *memory.Monitor // nil: no monitor
 	monState monitorState
+	adapt    adaptState
 	emaStep  float64 // smoothed seconds per step, for ETA
 
 	scalarBuf    []float32 // for the small per-step all-reduces
@@ -216,6 +233,7 @@ func New(s Setup) (*Trainer, error) {
 		world: 1, rank: 0, comm: s.Comm,
 		log: s.Logger, metrics: s.Metrics, progress: s.Progress, clock: s.Clock,
 		mem: memstat.NewReader(), mon: s.MemoryMonitor, scalarBuf: make([]float32, 8),
+		adapt: adaptState{rebuild: s.Rebuild, onPressure: s.AdaptOnPressure, after: s.OOMAdaptAfter},
 	}
 	if t.log == nil {
 		t.log = zap.NewNop()
@@ -430,6 +448,8 @@ func (t *Trainer) fill(res *Result) {
 	res.Epoch = t.fracEpoch()
 	res.Checkpoint = t.lastCkpt
 	res.WeightsSHA256 = weightsHash(t.params)
+	res.SkippedMicroBatches = t.adapt.skipped
+	res.MicroBatch, res.Accum = t.cfg.MicroBatch, t.cfg.Accum
 }
 
 // weightsHash fingerprints a parameter buffer (little-endian float32 bytes).

@@ -500,6 +500,24 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, err
 	}
 	defer net.Close()
+	// The trainer rebuilds the model at half the micro-batch when memory runs short
+	// (out-of-memory micro-batches, or host pressure with memory.adapt); it closes the graphs it
+	// replaces, and the last one is closed here.
+	var rebuilt []*model.Net
+	defer func() {
+		for _, n := range rebuilt {
+			n.Close()
+		}
+	}()
+	rebuild := func(micro int) (trainer.Model, error) {
+		n, err := model.New(spec, layout, params, model.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
+			Segments: cfg.Model.ActivationCheckpointing.Segments})
+		if err != nil {
+			return nil, err
+		}
+		rebuilt = append(rebuilt, n)
+		return n, nil
+	}
 	logMeasure(log, build.Done())
 	log.Info("qvd", zap.String("version", version.Version), zap.String("run", cfg.Run.Name), zap.String("out", cfg.Run.Out),
 		zap.String("model", spec.String()), zap.Int("params", layout.NumParams()), zap.String("blas", blas.Use()),
@@ -541,6 +559,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		setup.Progress = j.line
 	}
 	setup.MemoryMonitor = mon
+	setup.Rebuild, setup.AdaptOnPressure = rebuild, cfg.Memory.Adapt
 	build = mon.Measure("trainer build")
 	t, err := trainer.New(setup)
 	if err != nil {
@@ -558,7 +577,8 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	res, err := t.Run(ctx)
 	log.Info("finished", zap.Duration("elapsed", time.Since(start).Round(time.Millisecond)), zap.Int64("steps", res.Steps),
-		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64s("epoch_seconds", res.EpochSeconds), zap.Int64("skipped_steps", res.Skipped))
+		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64s("epoch_seconds", res.EpochSeconds), zap.Int64("skipped_steps", res.Skipped),
+		zap.Int64("oom_skipped_micro_batches", res.SkippedMicroBatches), zap.Int("micro_batch", res.MicroBatch), zap.Int("accum", res.Accum))
 	return res, err
 }
 
