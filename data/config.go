@@ -36,6 +36,10 @@ type Config struct {
 	TrainSubset int `yaml:"train_subset" json:"train_subset"`
 	// TestSubset uses only the first N test samples (0 = all).
 	TestSubset int `yaml:"test_subset" json:"test_subset"`
+	// Prefetch is how many training micro-batches a goroutine normalises ahead of the step,
+	// so filling overlaps compute (0 = fill each one in the step; at most MaxPrefetch). The
+	// batches are the same either way; the queue costs Prefetch+1 micro-batches of float32.
+	Prefetch int `yaml:"prefetch" json:"prefetch"`
 }
 
 // Normalize maps a pixel p in [0, 255] to ((p/255) - Mean) / Std.
@@ -44,13 +48,18 @@ type Normalize struct {
 	Std  float32 `yaml:"std" json:"std"`
 }
 
+// DefaultPrefetch is Config.Prefetch's default: two micro-batches ahead hide the filling of
+// one behind the compute of another even when a step's time jitters.
+const DefaultPrefetch = 2
+
 // DefaultConfig is Fashion-MNIST from the Debian package's directory, standardised with the
-// training-set statistics, all samples.
+// training-set statistics, all samples, prefetching DefaultPrefetch micro-batches.
 func DefaultConfig() Config {
 	return Config{
 		Dataset:   FashionMNIST,
 		Path:      DefaultPath,
 		Normalize: Normalize{Mean: FashionMNISTMean, Std: FashionMNISTStd},
+		Prefetch:  DefaultPrefetch,
 	}
 }
 
@@ -78,6 +87,9 @@ func (c Config) Validate() error {
 	}
 	if c.TestSubset < 0 {
 		return fmt.Errorf("test_subset: must be >= 0 (0 = all samples), got %d", c.TestSubset)
+	}
+	if c.Prefetch < 0 || c.Prefetch > MaxPrefetch {
+		return fmt.Errorf("prefetch: must be in [0, %d] (0 = fill in the step), got %d", MaxPrefetch, c.Prefetch)
 	}
 	return nil
 }

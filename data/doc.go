@@ -19,11 +19,20 @@
 //     reproduce one worker's run.
 //   - Batches: Fill and FillRange write normalised pixels and labels into a Batch allocated
 //     once by NewBatch; they allocate nothing, so the step loop stays allocation-free.
+//   - Prefetch: a Prefetcher fills the micro-batches of a Sequence (micro-batch k holds the
+//     samples Indices(k)) on its own goroutine into a ring of Config.Prefetch+1 batches, so
+//     normalising overlaps compute; the consumer gets exactly Fill's batches, in order, and
+//     Fill's errors in order. It owns its goroutine; Stop and Close end it.
 //
-// The trainer calls Load once at startup, Permutation once per epoch, MicroBatch and Fill once
-// per micro-batch, and FillRange during evaluation.
+// Memory: Load keeps one uint8 copy of each split, decoded straight into its final buffer
+// (sized by the header, or by a gzip trailer that agrees with it); with a subset only the
+// subset's pixels are ever held. Nothing converts a split to float32: only the batches are.
+//
+// The trainer calls Load once at startup, Permutation once per epoch, and per micro-batch
+// either MicroBatch and Fill or, with data.prefetch > 0, a Prefetcher's Next over the rest of
+// the epoch; FillRange during evaluation.
 //
 // Concurrency: a Dataset is read-only after Load, so any number of goroutines may Fill from
 // one Dataset at once as long as each fills its own Batch. Permutation, MicroBatch and
-// StepsPerEpoch are pure functions.
+// StepsPerEpoch are pure functions. A Prefetcher belongs to one consumer goroutine.
 package data

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -172,6 +173,45 @@ func TestReadIDXLyingHeaderAllocatesLittle(t *testing.T) {
 	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
 		t.Fatalf("allocated %d bytes reading a 1000-byte payload", got)
 	}
+	// A gzip trailer forged to agree with the header is not believed either: 1 GiB from a
+	// file of a few kilobytes is beyond maxTrustedGzipRatio.
+	gz := gzipBytes(t, lie)
+	binary.LittleEndian.PutUint32(gz[len(gz)-4:], 16+1<<30)
+	writeFile(t, p, gz)
+	runtime.ReadMemStats(&before)
+	_, _, _, _, err = ReadIDXImages(p)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("forged trailer: error %v, want ErrCorrupt", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Fatalf("forged trailer: allocated %d bytes reading a 1000-byte payload", got)
+	}
+}
+
+// TestReadIDXGzipAllocatesOnce: a gzip file whose trailer agrees with its header is decoded
+// straight into a buffer of the payload's size, not grown through copies (which allocates
+// about twice the payload).
+func TestReadIDXGzipAllocatesOnce(t *testing.T) {
+	const n, side = 4000, 28
+	pix := make([]byte, n*side*side)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range pix {
+		pix[i] = byte(rng.IntN(64)) // compresses about 1.3×, like real images
+	}
+	p := writeFile(t, filepath.Join(t.TempDir(), "img.gz"), gzipBytes(t, idxBytes(MagicIDXImages, []uint32{n, side, side}, pix)))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, _, got, err := ReadIDXImages(p)
+	runtime.ReadMemStats(&after)
+	if err != nil || !bytes.Equal(got, pix) {
+		t.Fatalf("read back: %v", err)
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("read %d payload bytes with %d bytes allocated", len(pix), alloc)
+	if alloc > uint64(len(pix))+uint64(len(pix))/4 {
+		t.Fatalf("allocated %d bytes for a payload of %d", alloc, len(pix))
+	}
 }
 
 func TestReadIDXMissingFile(t *testing.T) {
@@ -200,7 +240,11 @@ func FuzzReadIDX(f *testing.F) {
 		}
 		// Once with the size known (a regular file), once without (a pipe).
 		for _, size := range []int64{int64(len(in)), -1} {
-			dims, payload, err := readIDX(bytes.NewReader(in), size, magic)
+			isize := int64(-1) // as readIDXFile reads it from a regular file
+			if size >= 4 {
+				isize = int64(binary.LittleEndian.Uint32(in[size-4:]))
+			}
+			dims, payload, err := readIDX(bytes.NewReader(in), size, isize, magic, 0)
 			if err != nil {
 				if !errors.Is(err, ErrCorrupt) {
 					t.Fatalf("size %d: error %v does not wrap ErrCorrupt", size, err)

@@ -54,13 +54,16 @@ func Load(cfg Config) (train, test *Dataset, err error) {
 }
 
 func loadSplit(cfg Config, split, imagesFile, labelsFile string, subset int, subsetField string) (*Dataset, error) {
+	// With a subset, only its images are kept: the rest of the file is decoded (to check it)
+	// but never held, so a subset costs its own size and not the file's. The labels are a
+	// byte per sample and are all read and checked.
 	imagesPath := locate(cfg.Path, imagesFile)
-	dims, pix, err := readIDXFile(imagesPath, MagicIDXImages)
+	dims, pix, err := readIDXFile(imagesPath, MagicIDXImages, subset)
 	if err != nil {
 		return nil, fmt.Errorf("data: %s images: %w", split, withHint(err, cfg))
 	}
 	labelsPath := locate(cfg.Path, labelsFile)
-	_, labels, err := readIDXFile(labelsPath, MagicIDXLabels)
+	_, labels, err := readIDXFile(labelsPath, MagicIDXLabels, 0)
 	if err != nil {
 		return nil, fmt.Errorf("data: %s labels: %w", split, withHint(err, cfg))
 	}
@@ -81,10 +84,7 @@ func loadSplit(cfg Config, split, imagesFile, labelsFile string, subset int, sub
 		return nil, fmt.Errorf("data: %s: %d exceeds the %d samples in %s", subsetField, subset, n, imagesPath)
 	}
 	if subset > 0 && subset < n {
-		// Copy so the full-size buffers can be freed.
-		size := dims[1] * dims[2]
-		pix = slices.Clone(pix[:subset*size])
-		labels = slices.Clone(labels[:subset])
+		labels = slices.Clone(labels[:subset]) // so the full-size labels can be freed
 		n = subset
 	}
 	return &Dataset{

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -80,6 +81,51 @@ func TestLoadSubsets(t *testing.T) {
 	cfg.TrainSubset = 51
 	if _, _, err := Load(cfg); err == nil || !strings.Contains(err.Error(), "train_subset: 51 exceeds the 50 samples") {
 		t.Fatalf("oversized subset: %v", err)
+	}
+}
+
+// TestLoadSubsetMemory: a subset costs its own size, not the file's — Load never holds the
+// whole decoded payload on the way to the subset, gzip or raw.
+func TestLoadSubsetMemory(t *testing.T) {
+	const n, side, subset = 8000, 28, 100
+	full := uint64(n * side * side)
+	for _, gz := range []bool{true, false} {
+		dir := t.TempDir()
+		synthSplit(t, dir, TrainImagesFile, TrainLabelsFile, n, side, side, gz)
+		synthSplit(t, dir, TestImagesFile, TestLabelsFile, 10, side, side, gz)
+		cfg := synthConfig(dir)
+		cfg.TrainSubset = subset
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		train, _, err := Load(cfg)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if train.N != subset || string(train.Images) != string(seq(n * side * side)[:subset*side*side]) {
+			t.Fatalf("gzip %v: subset N=%d, or not the first samples", gz, train.N)
+		}
+		alloc := after.TotalAlloc - before.TotalAlloc
+		t.Logf("gzip %v: Load of %d of %d samples allocated %d bytes in all (the file holds %d pixels)", gz, subset, n, alloc, full)
+		if alloc > full/4 {
+			t.Errorf("gzip %v: Load allocated %d bytes for a subset of %d bytes; the file's payload is %d", gz, alloc, subset*side*side, full)
+		}
+	}
+	// A corrupt tail past the subset is still caught: the whole file is decoded and checked.
+	dir := t.TempDir()
+	synthSplit(t, dir, TrainImagesFile, TrainLabelsFile, 50, 6, 5, true)
+	synthSplit(t, dir, TestImagesFile, TestLabelsFile, 20, 6, 5, false)
+	path := filepath.Join(dir, TrainImagesFile+".gz")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-6] ^= 0xff // inside the CRC-32 trailer
+	writeFile(t, path, b)
+	cfg := synthConfig(dir)
+	cfg.TrainSubset = 5
+	if _, _, err := Load(cfg); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt gzip trailer with a subset: %v", err)
 	}
 }
 
@@ -159,6 +205,8 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.Normalize.Mean = float32(math.NaN()) }, "normalize.mean: "},
 		{func(c *Config) { c.TrainSubset = -1 }, "train_subset: must be >= 0"},
 		{func(c *Config) { c.TestSubset = -2 }, "test_subset: must be >= 0"},
+		{func(c *Config) { c.Prefetch = -1 }, "prefetch: must be in [0, 64]"},
+		{func(c *Config) { c.Prefetch = MaxPrefetch + 1 }, "prefetch: must be in [0, 64]"},
 	} {
 		cfg := DefaultConfig()
 		c.edit(&cfg)

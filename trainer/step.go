@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/collective"
-	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
 	"github.com/qvd/qvd/memory"
@@ -33,8 +32,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	var lossSum float64
 	ran := 0
 	for j := 0; j < t.cfg.Accum; j++ {
-		idx := data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, t.cfg.MicroBatch)
-		if err := t.train.Fill(t.batch, idx, t.norm); err != nil {
+		if err := t.nextMicroBatch(cctx, j); err != nil {
 			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
 		}
 		fb := t.beginPhase(memory.PhaseForwardBackward)

@@ -112,6 +112,9 @@ type Setup struct {
 	// OOMAdaptAfter is how many consecutive micro-batches may fail with
 	// memory.ErrOutOfMemory before the micro-batch is halved (0 = 3).
 	OOMAdaptAfter int
+	// Prefetch is how many training micro-batches a goroutine fills ahead of the step
+	// (data.prefetch; 0 = fill each in the step). The batches, and so the run, are the same.
+	Prefetch int
 }
 
 // Result summarises a run.
@@ -193,6 +196,7 @@ type Trainer struct {
 	mon      *memory.Monitor // nil: no monitor
 	monState monitorState
 	adapt    adaptState
+	prefetch prefetchState
 	emaStep  float64 // smoothed seconds per step, for ETA
 
 	scalarBuf    []float32 // for the small per-step all-reduces
@@ -221,6 +225,9 @@ func New(s Setup) (*Trainer, error) {
 	if s.Model == nil || s.Train == nil || s.Test == nil {
 		return nil, errors.New("trainer: Setup needs Model, Train and Test")
 	}
+	if s.Prefetch < 0 || s.Prefetch > data.MaxPrefetch {
+		return nil, fmt.Errorf("data.prefetch: must be in [0, %d], got %d", data.MaxPrefetch, s.Prefetch)
+	}
 	cfg := s.Config
 	if s.Model.MicroBatch() != cfg.MicroBatch || s.Model.EvalBatch() != cfg.EvalBatch {
 		return nil, fmt.Errorf("trainer: model graphs are built for micro-batch %d / eval batch %d, config says %d / %d",
@@ -235,6 +242,7 @@ func New(s Setup) (*Trainer, error) {
 		mem: memstat.NewReader(), mon: s.MemoryMonitor, scalarBuf: make([]float32, 8),
 		adapt: adaptState{rebuild: s.Rebuild, onPressure: s.AdaptOnPressure, after: s.OOMAdaptAfter},
 	}
+	t.prefetch.depth = s.Prefetch
 	if t.log == nil {
 		t.log = zap.NewNop()
 	}
@@ -300,6 +308,7 @@ func New(s Setup) (*Trainer, error) {
 
 // Close stops the optimizer's and the pool's goroutines; safe to call twice.
 func (t *Trainer) Close() error {
+	t.closePrefetch()
 	if t.eng != nil {
 		t.eng.Close()
 	}
@@ -352,6 +361,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	defer cancel(nil)
 	t.setAbort(cancel)
 	defer t.setAbort(nil)
+	defer t.stopPrefetch() // no producer outlives Run
 
 	if err := t.syncFromRank0(cctx); err != nil {
 		return res, t.abortCause(cctx, err)
@@ -369,6 +379,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	}()
 	for t.epoch < t.cfg.Epochs && t.step < t.totalSteps {
 		epochStart := t.clock.Now()
+		t.stopPrefetch() // its producer may read t.perm
 		data.Permutation(t.perm, t.seed, t.epoch)
 		for t.offset+t.global <= len(t.perm) && t.step < t.totalSteps {
 			if t.world == 1 && ctx.Err() != nil {

@@ -560,6 +560,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	setup.MemoryMonitor = mon
 	setup.Rebuild, setup.AdaptOnPressure = rebuild, cfg.Memory.Adapt
+	setup.Prefetch = cfg.Data.Prefetch
 	build = mon.Measure("trainer build")
 	t, err := trainer.New(setup)
 	if err != nil {

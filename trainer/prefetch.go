@@ -1,0 +1,93 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/qvd/qvd/data"
+)
+
+// prefetchState fills the training micro-batches ahead of the step (data.prefetch > 0). The
+// prefetcher is given the rest of the current epoch as one sequence, starting at the trainer's
+// position; whenever the position it expects and the trainer's differ — a new epoch, a resumed
+// run, a micro-batch halved by memory adaptation — it is restarted (recreated for a new
+// micro-batch size) from the trainer's position, so the batches are always the ones the
+// synchronous path would fill.
+type prefetchState struct {
+	depth int
+	pf    *data.Prefetcher // nil until the first micro-batch, and with depth 0
+	epoch int              // the epoch of pf's sequence
+	next  int              // the epoch position (first sample, over all ranks) pf delivers next
+}
+
+// nextMicroBatch makes t.batch micro-batch j of the step starting at t.offset: filled here
+// with data.prefetch 0, taken from the prefetcher otherwise.
+func (t *Trainer) nextMicroBatch(cctx context.Context, j int) error {
+	m := t.cfg.MicroBatch
+	if t.prefetch.depth == 0 {
+		return t.train.Fill(t.batch, data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, m), t.norm)
+	}
+	p := &t.prefetch
+	pos := t.offset + j*t.world*m
+	if p.pf == nil || p.pf.MicroBatch() != m || p.epoch != t.epoch || p.next != pos {
+		if err := t.startPrefetch(j); err != nil {
+			return err
+		}
+	}
+	b, err := p.pf.Next(cctx)
+	if err != nil {
+		return err
+	}
+	p.next += t.world * m
+	t.batch = b
+	return nil
+}
+
+// startPrefetch (re)starts the prefetcher at micro-batch j of the current step, with the rest
+// of the epoch, up to the run's last step, as its sequence.
+func (t *Trainer) startPrefetch(j int) error {
+	p := &t.prefetch
+	m := t.cfg.MicroBatch
+	if p.pf != nil && p.pf.MicroBatch() != m {
+		p.pf.Close()
+		p.pf = nil
+	}
+	if p.pf == nil {
+		pf, err := data.NewPrefetcher(t.train, t.norm, m, p.depth)
+		if err != nil {
+			return err
+		}
+		p.pf = pf
+	}
+	// Micro-batch j+k of the step at offset is, by MicroBatch's arithmetic, micro-batch k of
+	// the sequence, also past the end of the step (global = world·m·accum). The closure reads
+	// only copies and t.perm, which Run rewrites for the next epoch only after stopPrefetch.
+	perm, offset, world, rank := t.perm, t.offset, t.world, t.rank
+	steps := min(int64((len(perm)-offset)/t.global), t.totalSteps-t.step)
+	seq := data.Sequence{
+		Len:     int(steps)*t.cfg.Accum - j,
+		Indices: func(k int) []int32 { return data.MicroBatch(perm, offset, j+k, world, rank, m) },
+	}
+	if err := p.pf.Start(seq); err != nil {
+		return fmt.Errorf("starting the prefetch at step %d: %w", t.step+1, err)
+	}
+	p.epoch, p.next = t.epoch, t.offset+j*world*m
+	return nil
+}
+
+// stopPrefetch stops the producer, so nothing reads t.perm any more; the next micro-batch
+// starts a new sequence.
+func (t *Trainer) stopPrefetch() {
+	if t.prefetch.pf != nil {
+		t.prefetch.pf.Stop()
+		t.prefetch.next = -1
+	}
+}
+
+// closePrefetch ends the prefetcher for good; safe to call twice.
+func (t *Trainer) closePrefetch() {
+	if t.prefetch.pf != nil {
+		t.prefetch.pf.Close()
+		t.prefetch.pf = nil
+	}
+}
