@@ -35,6 +35,7 @@ type Config struct {
 	FP16       trainer.ScalerConfig   `yaml:"fp16" json:"fp16"`
 	Checkpoint checkpoint.Config      `yaml:"checkpoint" json:"checkpoint"`
 	Zero       zero.Config            `yaml:"zero_optimization" json:"zero_optimization"`
+	Freeze     model.FreezeConfig     `yaml:"freeze" json:"freeze"`
 	// Cluster tunes gossip and rendezvous for multi-node jobs. node_name, bind and advertise
 	// are per node: a worker takes them from its own flags, never from the job's config.
 	Cluster    cluster.Config    `yaml:"cluster" json:"cluster"`
@@ -97,6 +98,10 @@ func (c *Config) Validate() error {
 	}
 	add("checkpoint", c.Checkpoint.Validate())
 	add("zero_optimization", c.Zero.Validate())
+	add("freeze", c.Freeze.Validate())
+	if c.Freeze.Enabled() && c.Model.ActivationCheckpointing.Segments > 1 {
+		add("freeze", errors.New("layer freezing with model.activation_checkpointing is not supported yet: use one or the other"))
+	}
 	cc := c.Cluster
 	if cc.NodeName == "" {
 		cc.NodeName = "placeholder" // generated per process at start

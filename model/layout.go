@@ -25,39 +25,73 @@ type Tensor struct {
 	// Transposed means the flat buffer holds the 2-D transpose of Shape ([in, out] for a
 	// Linear weight, which is what x·W needs); Canonical/SetCanonical convert.
 	Transposed bool
+	// Frozen tensors are not trained: they sit in the prefix [0, Layout.Frozen) of the flat
+	// buffer, get no gradient, no optimizer state and no communication.
+	Frozen bool
 }
 
 // Layout is the arrangement of all trainable tensors in one flat []float32.
 type Layout struct {
 	Tensors []Tensor
 	Size    int // flat length including alignment padding
-	byName  map[string]int
+	// Frozen is the length of the frozen prefix: the trainable tensors are flat[Frozen:Size],
+	// which is all the gradient buffers, the optimizer and ZeRO's partition cover.
+	Frozen int
+	byName map[string]int
 }
+
+// Trainable is the number of flat elements past the frozen prefix.
+func (l *Layout) Trainable() int { return l.Size - l.Frozen }
 
 // NewLayout assigns every parameter tensor of s an aligned offset, in layer order (weight then
 // bias), and records the tensor indices in s.Layers.
-func NewLayout(s *Spec) *Layout {
-	l := &Layout{byName: map[string]int{}}
-	add := func(layer int, name string, shape []int, transposed bool) int {
-		size := prod(shape)
-		off := (l.Size + Align - 1) / Align * Align
-		l.Tensors = append(l.Tensors, Tensor{Name: name, Shape: shape, Offset: off, Size: size, Layer: layer, Transposed: transposed})
-		l.Size = off + size
-		l.byName[name] = len(l.Tensors) - 1
-		return len(l.Tensors) - 1
+func NewLayout(s *Spec) *Layout { return NewLayoutFrozen(s, nil) }
+
+// NewLayoutFrozen is NewLayout with the tensors frozen(name) says placed first, in layer
+// order, then the trainable ones, so the trainable part is one contiguous, aligned suffix
+// [Frozen, Size) — what the gradient buffers, the optimizer and ZeRO's shards cover.
+func NewLayoutFrozen(s *Spec, frozen func(name string) bool) *Layout {
+	type entry struct {
+		layer      int
+		name       string
+		shape      []int
+		transposed bool
 	}
+	var all []entry
 	for i := range s.Layers {
 		ly := &s.Layers[i]
 		switch ly.Kind {
 		case Dense:
-			ly.Weight = add(i, ly.Name+".weight", []int{ly.Out, ly.In}, true)
-			ly.Bias = add(i, ly.Name+".bias", []int{ly.Out}, false)
+			all = append(all, entry{i, ly.Name + ".weight", []int{ly.Out, ly.In}, true}, entry{i, ly.Name + ".bias", []int{ly.Out}, false})
 		case Conv2D:
-			ly.Weight = add(i, ly.Name+".weight", []int{ly.Out, ly.In, ly.Kernel, ly.Kernel}, false)
-			ly.Bias = add(i, ly.Name+".bias", []int{ly.Out}, false)
+			all = append(all, entry{i, ly.Name + ".weight", []int{ly.Out, ly.In, ly.Kernel, ly.Kernel}, false}, entry{i, ly.Name + ".bias", []int{ly.Out}, false})
 		}
 	}
-	l.Size = (l.Size + Align - 1) / Align * Align
+	l := &Layout{byName: map[string]int{}}
+	align := func(n int) int { return (n + Align - 1) / Align * Align }
+	for _, pass := range []bool{true, false} {
+		for _, e := range all {
+			if (frozen != nil && frozen(e.name)) != pass {
+				continue
+			}
+			size := prod(e.shape)
+			off := align(l.Size)
+			l.Tensors = append(l.Tensors, Tensor{Name: e.name, Shape: e.shape, Offset: off, Size: size, Layer: e.layer, Transposed: e.transposed, Frozen: pass})
+			l.Size = off + size
+			l.byName[e.name] = len(l.Tensors) - 1
+		}
+		if pass {
+			l.Frozen = align(l.Size)
+			l.Size = l.Frozen
+		}
+	}
+	l.Size = align(l.Size)
+	for i := range s.Layers {
+		ly := &s.Layers[i]
+		if ly.Kind == Dense || ly.Kind == Conv2D {
+			ly.Weight, ly.Bias = l.byName[ly.Name+".weight"], l.byName[ly.Name+".bias"]
+		}
+	}
 	return l
 }
 

@@ -74,6 +74,12 @@ func New(spec *Spec, layout *Layout, params []float32, opt Options) (*Net, error
 	if opt.MicroBatch < 1 || opt.EvalBatch < 1 {
 		return nil, fmt.Errorf("model: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
 	}
+	if layout.Frozen > 0 && opt.Segments > 1 {
+		return nil, errors.New("model: layer freezing with activation checkpointing is not supported yet: use one or the other")
+	}
+	if layout.Trainable() == 0 {
+		return nil, errors.New("model: every parameter is frozen: nothing to train")
+	}
 	blas.Use()
 	n := &Net{spec: spec, layout: layout, params: params, grad: opt.Grad, micro: opt.MicroBatch}
 	var err error
@@ -115,8 +121,10 @@ func (n *Net) build(bs int, train bool) (gr *graph, err error) {
 		t := n.layout.Tensors[ti]
 		v := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(n.params[t.Offset:t.Offset+t.Size]))
 		node := G.NewTensor(gr.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(t.Name), G.WithValue(v))
-		gr.learn = append(gr.learn, node)
-		gr.tidx = append(gr.tidx, ti)
+		if !t.Frozen { // a frozen tensor is a constant of the graph: no gradient is computed for it
+			gr.learn = append(gr.learn, node)
+			gr.tidx = append(gr.tidx, ti)
+		}
 		return node
 	}
 
@@ -239,12 +247,13 @@ func (n *Net) EvalBatch() int { return n.eval.bs }
 var ErrBatch = errors.New("model: batch does not match the graph")
 
 // ForwardBackward runs one micro-batch (b.N must equal MicroBatch) and adds the gradient of
-// loss×scale into grads (len Layout().Size), rounding the micro-batch gradient and the running
+// loss×scale into grads (len Layout().Trainable(): offsets count from Layout().Frozen, the
+// start of the trainable tensors), rounding the micro-batch gradient and the running
 // sum to the working precision — the semantics of `param.grad +=` on a half-precision device.
 // It returns the unscaled mean cross-entropy of the micro-batch.
 func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
-	if len(grads) != n.layout.Size {
-		panic(fmt.Sprintf("model: grads has %d elements, layout needs %d", len(grads), n.layout.Size))
+	if len(grads) != n.layout.Trainable() {
+		panic(fmt.Sprintf("model: grads has %d elements, the layout's trainable part %d", len(grads), n.layout.Trainable()))
 	}
 	return n.forwardBackward(b, scale, func(off int, g []float32) error {
 		accumulate(grads[off:off+len(g)], g, n.grad)
@@ -304,7 +313,7 @@ func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g 
 		if !ok || len(src) != t.Size {
 			return 0, fmt.Errorf("model: gradient of %s has unexpected type or size", t.Name)
 		}
-		if err := use(t.Offset, src); err != nil {
+		if err := use(t.Offset-n.layout.Frozen, src); err != nil {
 			return 0, err
 		}
 		// gorgonia's tape machine adds each run's gradient into the node's dual value (its

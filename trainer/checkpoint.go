@@ -45,14 +45,16 @@ type Meta struct {
 	Precision   string       `json:"precision"`
 	Scaler      *ScalerState `json:"loss_scaler,omitempty"`
 	Optimizer   string       `json:"optimizer"`
-	Model       string       `json:"model"`        // spec summary, e.g. 784-256-128-10
-	FlatSize    int          `json:"flat_size"`    // elements of the flat parameter space
-	NumParams   int          `json:"num_params"`   // real parameters
-	Tensors     []TensorMeta `json:"tensors"`      // the flat layout
-	Config      any          `json:"config"`       // the resolved run configuration
-	Shards      []ShardMeta  `json:"opt_shards"`   // optimizer state shards by flat offset
-	ZeroStage   int          `json:"zero_stage"`   // the stage that wrote it (any stage can resume it)
-	Metrics     EvalSnapshot `json:"last_metrics"` // for humans browsing checkpoints
+	Model       string       `json:"model"`      // spec summary, e.g. 784-256-128-10
+	FlatSize    int          `json:"flat_size"`  // elements of the flat parameter space
+	NumParams   int          `json:"num_params"` // real parameters
+	Tensors     []TensorMeta `json:"tensors"`    // the flat layout
+	Config      any          `json:"config"`     // the resolved run configuration
+	Shards      []ShardMeta  `json:"opt_shards"` // optimizer state shards by flat offset
+	ZeroStage   int          `json:"zero_stage"` // the stage that wrote it (any stage can resume it)
+	// Frozen is the frozen prefix of the flat space; the optimizer shards' offsets count from it.
+	Frozen  int          `json:"frozen_elements,omitempty"`
+	Metrics EvalSnapshot `json:"last_metrics"` // for humans browsing checkpoints
 }
 
 // TensorMeta records one tensor's place in the flat buffer.
@@ -79,7 +81,7 @@ func (t *Trainer) meta() Meta {
 		Step: t.step, OptimizerSteps: t.eng.Optimizer().Steps(), Skipped: t.skipped, Epoch: t.epoch, EpochOffset: t.offset,
 		Seed: t.seed, RNG: "pcg(seed, epoch) Fisher-Yates epoch permutation",
 		MicroBatch: t.cfg.MicroBatch, Accum: t.cfg.Accum, WorldSize: t.world, GlobalBatch: t.global,
-		Precision: t.format.String(), Optimizer: t.optCfg.Type, FlatSize: t.layout.Size, NumParams: t.layout.NumParams(),
+		Precision: t.format.String(), Optimizer: t.optCfg.Type, FlatSize: t.layout.Size, Frozen: t.layout.Frozen, NumParams: t.layout.NumParams(),
 		Config: t.snapshot, ZeroStage: t.zeroCfg.Stage,
 	}
 	for _, r := range t.shardWriters() {
@@ -116,7 +118,7 @@ func (t *Trainer) shardWriters() []int {
 
 func (t *Trainer) shardOf(r int) (lo, hi int) {
 	if t.zeroCfg.Stage == 0 {
-		return 0, t.layout.Size
+		return 0, t.layout.Trainable()
 	}
 	return t.eng.Layout().Shard(r)
 }
@@ -128,9 +130,15 @@ func (t *Trainer) shardOf(r int) (lo, hi int) {
 // commits once all have succeeded. After each phase the ranks agree on success, so a failed
 // save fails every rank together and publishes nothing.
 func (t *Trainer) save(cctx context.Context) error {
-	full, err := t.eng.FullMaster(cctx)
+	trainable, err := t.eng.FullMaster(cctx)
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", t.step, err)
+	}
+	full := trainable
+	if f := t.layout.Frozen; f > 0 {
+		full = make([]float32, t.layout.Size)
+		copy(full[f:], trainable)
+		copy(full[:f], t.frozenWeights())
 	}
 	var p *checkpoint.Pending
 	fail := func(err error) error {
@@ -268,6 +276,10 @@ func (t *Trainer) restore(c *checkpoint.Checkpoint) error {
 		return fmt.Errorf("resume from %s: the checkpoint's optimizer is %q but the config says %q; resuming would discard its state",
 			c.Path(), m.Optimizer, t.optCfg.Type)
 	}
+	if m.Frozen != t.layout.Frozen {
+		return fmt.Errorf("resume from %s: the checkpoint was trained with %d frozen elements, this run freezes %d: the freeze settings must match",
+			c.Path(), m.Frozen, t.layout.Frozen)
+	}
 	if m.FlatSize != t.layout.Size {
 		return fmt.Errorf("resume from %s: the checkpoint's flat parameter space has %d elements, this model's %d: it is another model",
 			c.Path(), m.FlatSize, t.layout.Size)
@@ -287,7 +299,7 @@ func (t *Trainer) restore(c *checkpoint.Checkpoint) error {
 		}
 		t.layout.SetCanonical(t.initial, buf, ts)
 	}
-	src, err := newResumeSource(c, m.Shards, t.layout.Size)
+	src, err := newResumeSource(c, m.Shards, t.layout.Trainable())
 	if err != nil {
 		return fmt.Errorf("resume from %s: %w", c.Path(), err)
 	}

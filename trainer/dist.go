@@ -78,7 +78,8 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 			return err
 		}
 	}
-	t.eng.SetMaster(t.initial)
+	t.setFrozen(t.initial[:t.layout.Frozen])
+	t.eng.SetMaster(t.initial[t.layout.Frozen:])
 	t.initial = nil
 	if counters[10] == 1 {
 		if err := t.loadOptimizerState(ctx); err != nil {
@@ -112,7 +113,7 @@ const restoreChunk = 1 << 22
 // optimizer's own state, or, for an optimizer that encodes its state (offload.StateCodec),
 // decoded copies that it encodes again at the end.
 func (t *Trainer) loadOptimizerState(ctx context.Context) error {
-	n := t.layout.Size
+	n := t.layout.Trainable()
 	lo, hi := t.eng.Shard()
 	chunk := min(restoreChunk, max(n, 1))
 	buf := make([]float32, chunk+1)

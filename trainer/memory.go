@@ -14,6 +14,13 @@ import (
 // device_comm_buffers.
 func (t *Trainer) memoryRecord() map[string]int64 {
 	out := memoryRecord(t.eng.Memory())
+	if f := int64(t.layout.Frozen); f > 0 {
+		// Frozen parameters are held (the model computes with them) but nothing else is.
+		out["device_frozen_params"] = 4 * f
+		if t.frozenMaster != nil {
+			out["host_frozen_master"] = 4 * int64(len(t.frozenMaster))
+		}
+	}
 	if c, ok := t.comm.(interface{ BufferBytes() int64 }); ok {
 		if b := c.BufferBytes(); b > 0 {
 			out["device_comm_buffers"] = b
@@ -48,6 +55,15 @@ func (t *Trainer) logMemory() {
 	rec := t.memoryRecord()
 	for _, k := range slices.Sorted(maps.Keys(rec)) {
 		fields = append(fields, zap.Int64(k, rec[k]))
+	}
+	if f := t.layout.Frozen; f > 0 {
+		trainable := 0
+		for _, ts := range t.layout.Tensors {
+			if !ts.Frozen {
+				trainable += ts.Size
+			}
+		}
+		fields = append(fields, zap.Int("trainable_params", trainable), zap.Int("total_params", t.layout.NumParams()))
 	}
 	t.log.Info("model state memory", fields...)
 }

@@ -158,7 +158,9 @@ type Trainer struct {
 	format  half.Format
 	scaler  *Scaler // nil unless fp16
 
-	params []float32 // the model's working-precision parameters (full)
+	params []float32 // the model's working-precision parameters (full, frozen prefix included)
+	// frozenMaster is the fp32 copy of the frozen prefix in fp16/bf16 runs (nil otherwise).
+	frozenMaster []float32
 	// initial holds the full fp32 weights to start from (the model's initialisation, or on
 	// rank 0 a checkpoint's) until Run has spread rank 0's copy to every rank.
 	initial []float32
@@ -275,13 +277,20 @@ func New(s Setup) (*Trainer, error) {
 		return nil, fmt.Errorf("trainer: model params have %d elements, layout says %d", len(t.params), n)
 	}
 	t.initial = append([]float32(nil), t.params...)
+	// Frozen tensors (model.Layout.Frozen) sit in a prefix of the flat buffer that the engine
+	// never sees: no gradient, optimizer state or communication. In fp16/bf16 their fp32
+	// values are kept for checkpoints, since the working copy is rounded.
+	frozen := t.layout.Frozen
+	if frozen > 0 && t.format != half.FP32 {
+		t.frozenMaster = append([]float32(nil), t.params[:frozen]...)
+	}
 	// One pool of workers serves the optimizer and the trainer's own flat-buffer passes.
 	threads := cfg.Threads
 	if s.Optimizer.Threads > 0 {
 		threads = s.Optimizer.Threads
 	}
 	t.pool = offload.NewPool(threads)
-	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params, Format: t.format, Comm: t.comm, Pool: t.pool})
+	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params[frozen:], Format: t.format, Comm: t.comm, Pool: t.pool})
 	if err != nil {
 		t.pool.Close()
 		return nil, err

@@ -84,6 +84,8 @@ type testRun struct {
 	everySteps int
 	train      *data.Dataset
 	test       *data.Dataset
+	// freeze, if set, freezes these tensors (model.NewLayoutFrozen).
+	freeze func(name string) bool
 	// prepare may edit the initial parameters before the trainer is built.
 	prepare func(l *model.Layout, params []float32)
 }
@@ -118,7 +120,7 @@ func (r testRun) buildWith(t *testing.T, sink MetricsSink, resume *checkpoint.Ch
 	if err != nil {
 		t.Fatal(err)
 	}
-	layout := model.NewLayout(spec)
+	layout := model.NewLayoutFrozen(spec, r.freeze)
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, r.seed)
 	if r.prepare != nil {

@@ -491,7 +491,11 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, err
 	}
 	build := mon.Measure("model build")
-	layout := model.NewLayout(spec)
+	frozen, err := cfg.Freeze.Frozen(spec)
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	layout := model.NewLayoutFrozen(spec, frozen)
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, cfg.Run.Seed)
 	net, err := model.New(spec, layout, params, model.Options{MicroBatch: cfg.Train.MicroBatch, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
