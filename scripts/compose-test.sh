@@ -62,7 +62,10 @@ codes=$(wait_exit 240 "${services[@]}")
 compose logs --no-color > "$work/train.log" 2>&1
 log "finished in $((SECONDS - start)) s: $(echo "$codes" | tr '\n' ' ')"
 if echo "$codes" | awk '$2 != 0 {bad = 1} END {exit !bad}'; then
-  tail -40 "$work/train.log" >&2
+  for s in $(echo "$codes" | awk '$2 != 0 {print $1}'); do
+    echo "--- last lines of $s:" >&2
+    grep -E "^${s}_" "$work/train.log" | tail -25 >&2
+  done
   fail "a node did not exit 0"
 fi
 hashes=$(grep -o '"weights_sha256": "[0-9a-f]*"' "$work/train.log" | sort | uniq -c)
