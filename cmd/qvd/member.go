@@ -296,6 +296,12 @@ func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
 	for i, mm := range r.Members {
 		ranks[mm.Name] = i
 	}
+	// A member that leaves gracefully has usually just finished the job: its part of the last
+	// collective is already in this rank's socket buffers, and aborting at once would fail a
+	// rank that is a moment behind (seen in the compose test: the coordinator exited 1 after
+	// a job every rank had completed). If it left because it failed, its connections closed
+	// and the collectives name it by themselves; so a departure only aborts after leftGrace.
+	left := make(chan error, len(r.Members))
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -303,6 +309,9 @@ func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
 			select {
 			case <-m.stop:
 				return
+			case err := <-left:
+				m.log.Error("lost a member of the job", zap.Error(err))
+				lost(err)
 			case ev, ok := <-m.node.Events():
 				if !ok {
 					return
@@ -311,17 +320,32 @@ func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
 				if !in || (ev.Kind != cluster.Failed && ev.Kind != cluster.Left) || rank == r.Rank {
 					continue
 				}
-				how := "failed (no longer answers gossip)"
 				if ev.Kind == cluster.Left {
-					how = "left the cluster"
+					err := fmt.Errorf("rank %d (%s at %s) left the cluster", rank, ev.Member.Name, ev.Member.Addr)
+					m.log.Info("a member of the job left", zap.Error(err))
+					m.wg.Add(1)
+					go func() {
+						defer m.wg.Done()
+						t := time.NewTimer(leftGrace)
+						defer t.Stop()
+						select {
+						case <-t.C:
+							left <- err
+						case <-m.stop:
+						}
+					}()
+					continue
 				}
-				err := fmt.Errorf("rank %d (%s at %s) %s", rank, ev.Member.Name, ev.Member.Addr, how)
+				err := fmt.Errorf("rank %d (%s at %s) failed (no longer answers gossip)", rank, ev.Member.Name, ev.Member.Addr)
 				m.log.Error("lost a member of the job", zap.Error(err))
 				lost(err)
 			}
 		}
 	}()
 }
+
+// leftGrace is how long a graceful departure waits before it aborts this rank's collectives.
+const leftGrace = 3 * time.Second
 
 // Close leaves the cluster gracefully and stops the servers; safe twice.
 func (m *member) Close() {
