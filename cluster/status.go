@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/qvd/qvd/internal/memstat"
 	"go.uber.org/zap"
 )
 
@@ -70,7 +71,7 @@ func FormatStatus(w io.Writer, members []Member) error {
 		}
 		mem := "-"
 		if m.Meta.ModelBytes > 0 {
-			mem = formatBytes(m.Meta.ModelBytes)
+			mem = memstat.FormatBytes(m.Meta.ModelBytes)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", m.Name, m.Addr, m.State, m.Meta.Role, rank, m.Meta.Devices, job, step, mem)
 	}
@@ -78,17 +79,4 @@ func FormatStatus(w io.Writer, members []Member) error {
 		return fmt.Errorf("print status: %w", err)
 	}
 	return nil
-}
-
-// formatBytes prints a byte count in binary units.
-func formatBytes(b uint64) string {
-	switch {
-	case b >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", b)
 }

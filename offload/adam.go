@@ -36,35 +36,43 @@ func newAdam(cfg Config, n int) *adam {
 		m:         make([]float32, n),
 		v:         make([]float32, n),
 	}
-	o.k = adamPass{
-		m: o.m, v: o.v,
-		c: vec.AdamConsts{
-			B1: float32(cfg.Betas[0]), C1: float32(1 - cfg.Betas[0]),
-			B2: float32(cfg.Betas[1]), C2: float32(1 - cfg.Betas[1]),
-			Eps: float32(cfg.Eps),
-			WD:  float32(cfg.WeightDecay),
-			// Without weight decay Adam's update is AdamW's with a decay factor of exactly 1,
-			// and p*1 == p bit for bit, so that case shares the decoupled kernel.
-			Decay: 1,
-		},
-		l2: !o.decoupled && cfg.WeightDecay != 0,
-	}
+	o.k = adamPass{m: o.m, v: o.v, c: adamConsts(cfg), l2: !o.decoupled && cfg.WeightDecay != 0}
 	return o
+}
+
+// adamConsts are the constants of cfg's Adam kernels that do not change between steps.
+func adamConsts(cfg Config) vec.AdamConsts {
+	return vec.AdamConsts{
+		B1: float32(cfg.Betas[0]), C1: float32(1 - cfg.Betas[0]),
+		B2: float32(cfg.Betas[1]), C2: float32(1 - cfg.Betas[1]),
+		Eps: float32(cfg.Eps),
+		WD:  float32(cfg.WeightDecay),
+		// Without weight decay Adam's update is AdamW's with a decay factor of exactly 1,
+		// and p*1 == p bit for bit, so that case shares the decoupled kernel.
+		Decay: 1,
+	}
+}
+
+// setStepConsts sets c's per-step constants for step t (1-based): the bias corrections and
+// the decoupled decay computed in float64 and then rounded, as PyTorch does with its
+// Python-float scalars.
+func setStepConsts(c *vec.AdamConsts, b1, b2, wd float64, decoupled bool, t int64, lr, gradScale float32) {
+	bc1 := 1 - math.Pow(b1, float64(t))
+	bc2 := 1 - math.Pow(b2, float64(t))
+	c.Scale = gradScale
+	c.NegStep = float32(-float64(lr) / bc1)
+	c.BC2Sqrt = float32(math.Sqrt(bc2))
+	if decoupled {
+		c.Decay = float32(1 - float64(lr)*wd)
+	}
 }
 
 func (o *adam) Step(params, grads []float32, lr, gradScale float32) {
 	o.checkLen(params, grads)
 	t := o.steps.Load() + 1
-	bc1 := 1 - math.Pow(o.b1, float64(t))
-	bc2 := 1 - math.Pow(o.b2, float64(t))
 	k := &o.k
 	k.p, k.g = params, grads
-	k.c.Scale = gradScale
-	k.c.NegStep = float32(-float64(lr) / bc1)
-	k.c.BC2Sqrt = float32(math.Sqrt(bc2))
-	if o.decoupled {
-		k.c.Decay = float32(1 - float64(lr)*o.wd)
-	}
+	setStepConsts(&k.c, o.b1, o.b2, o.wd, o.decoupled, t, lr, gradScale)
 	o.pool.Run(o.n, o.grain, k)
 	k.p, k.g = nil, nil // keep no reference to the caller's buffers
 	o.steps.Store(t)

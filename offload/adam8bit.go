@@ -40,13 +40,7 @@ func newAdam8(cfg Config, n int) *adam8 {
 		v:  make([]uint8, n),
 		ms: make([]float32, blocks),
 		vs: make([]float32, blocks),
-		c: vec.AdamConsts{
-			B1: float32(cfg.Betas[0]), C1: float32(1 - cfg.Betas[0]),
-			B2: float32(cfg.Betas[1]), C2: float32(1 - cfg.Betas[1]),
-			Eps:   float32(cfg.Eps),
-			WD:    float32(cfg.WeightDecay),
-			Decay: 1,
-		},
+		c:  adamConsts(cfg),
 		l2: !o.decoupled && cfg.WeightDecay != 0,
 	}
 	return o
@@ -57,16 +51,9 @@ func (o *adam8) blocks() int { return len(o.k.ms) }
 func (o *adam8) Step(params, grads []float32, lr, gradScale float32) {
 	o.checkLen(params, grads)
 	t := o.steps.Load() + 1
-	bc1 := 1 - math.Pow(o.b1, float64(t))
-	bc2 := 1 - math.Pow(o.b2, float64(t))
 	k := &o.k
 	k.p, k.g = params, grads
-	k.c.Scale = gradScale
-	k.c.NegStep = float32(-float64(lr) / bc1)
-	k.c.BC2Sqrt = float32(math.Sqrt(bc2))
-	if o.decoupled {
-		k.c.Decay = float32(1 - float64(lr)*o.wd)
-	}
+	setStepConsts(&k.c, o.b1, o.b2, o.wd, o.decoupled, t, lr, gradScale)
 	o.pool.Run(o.blocks(), max(1, o.grain/QuantBlock), k)
 	k.p, k.g = nil, nil // keep no reference to the caller's buffers
 	o.steps.Store(t)

@@ -7,9 +7,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/data"
-	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/offload"
 )
 
@@ -79,24 +77,7 @@ func TestAdamW8bitReshardResume(t *testing.T) {
 	want := fullMasters(t, full)[0]
 
 	saver.ckptDir = t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	sinks := []MetricsSink{&recorder{after: func(rec metrics.Record) {
-		if rec.Step == 3 {
-			cancel()
-		}
-	}}, nil}
-	first, _ := saver.group(t, 2, sinks, nil)
-	if _, errs := runAll(ctx, first); !errors.Is(errs[0], context.Canceled) {
-		t.Fatalf("interrupted run: %v", errs)
-	}
-	ck, _, err := checkpoint.Resolve("auto", saver.ckptDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var meta Meta
-	if err := ck.Meta(&meta); err != nil {
-		t.Fatal(err)
-	}
+	ck, meta := interruptedCheckpoint(t, saver, 2)
 	if len(meta.Shards) != 2 || meta.Optimizer != offload.TypeAdamW8bit {
 		t.Fatalf("checkpoint has %d optimizer shards of %q, want 2 of adamw8bit", len(meta.Shards), meta.Optimizer)
 	}

@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/qvd/qvd/internal/half"
-	"github.com/qvd/qvd/internal/vec"
-
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/data"
@@ -113,25 +110,4 @@ func (t *Trainer) halveMicroBatch() error {
 		zap.Int64("after_step", t.step), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
 		zap.Int("global_batch", t.global), zap.String("why", why))
 	return nil
-}
-
-// setFrozen sets the frozen prefix of the parameters from fp32 values (rounded to the working
-// precision), keeping the fp32 copy for checkpoints in fp16/bf16.
-func (t *Trainer) setFrozen(w []float32) {
-	if len(w) == 0 {
-		return
-	}
-	copy(t.params[:len(w)], w)
-	if t.format != half.FP32 {
-		t.frozenMaster = append(t.frozenMaster[:0], w...)
-		vec.Round(t.params[:len(w)], t.format)
-	}
-}
-
-// frozenWeights is the fp32 frozen prefix.
-func (t *Trainer) frozenWeights() []float32 {
-	if t.frozenMaster != nil {
-		return t.frozenMaster
-	}
-	return t.params[:t.layout.Frozen]
 }

@@ -3,8 +3,6 @@ package trainer
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/qvd/qvd/checkpoint"
@@ -129,22 +127,8 @@ func TestOOMAdapt(t *testing.T) {
 // available) halves the micro-batch once, without a restart; the run then takes the same
 // steps as one that never adapted, up to the summation order of the gradient.
 func TestPressureAdapt(t *testing.T) {
-	root := t.TempDir()
-	for name, content := range map[string]string{
-		"self/statm": "1000 250 100 5 0 100 0\n",
-		"meminfo":    "MemTotal: 16777216 kB\nMemAvailable: 1048576 kB\n",
-		"vmstat":     "pswpin 0\npswpout 0\n",
-	} {
-		p := filepath.Join(root, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	mon, err := memory.New(memory.Config{LogEvery: 100, MinAvailable: "10%"},
-		memory.Options{Host: memory.NewHostAt(root), Device: memory.NoDevices{Reason: "test"}})
+		memory.Options{Host: pressuredHost(t), Device: memory.NoDevices{Reason: "test"}})
 	if err != nil {
 		t.Fatal(err)
 	}

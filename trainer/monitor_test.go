@@ -16,9 +16,10 @@ import (
 	"github.com/qvd/qvd/model"
 )
 
-// TestMemoryMonitorFigures runs a short training with a monitor on a fake /proc (16 GiB, of
-// which 1 GiB available: pressure) and checks the metrics and the log.
-func TestMemoryMonitorFigures(t *testing.T) {
+// pressuredHost is a host source over a fake /proc: a 16 GiB machine with 1 GiB available,
+// which is memory pressure at the default 10% threshold.
+func pressuredHost(t *testing.T) memory.HostSource {
+	t.Helper()
 	root := t.TempDir()
 	for name, content := range map[string]string{
 		"self/statm": "1000 250 100 5 0 100 0\n",
@@ -33,8 +34,14 @@ func TestMemoryMonitorFigures(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return memory.NewHostAt(root)
+}
+
+// TestMemoryMonitorFigures runs a short training with a monitor on a fake /proc (16 GiB, of
+// which 1 GiB available: pressure) and checks the metrics and the log.
+func TestMemoryMonitorFigures(t *testing.T) {
 	mon, err := memory.New(memory.Config{LogEvery: 4, MinAvailable: "10%"},
-		memory.Options{Host: memory.NewHostAt(root), Device: memory.NoDevices{Reason: "NVML not found (test)"}})
+		memory.Options{Host: pressuredHost(t), Device: memory.NoDevices{Reason: "NVML not found (test)"}})
 	if err != nil {
 		t.Fatal(err)
 	}

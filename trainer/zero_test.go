@@ -215,6 +215,32 @@ func TestZeroOffloadPlacement(t *testing.T) {
 	}
 }
 
+// interruptedCheckpoint runs r as a group of n, interrupts it after step 3 (it saves at the
+// step boundary), and returns the checkpoint and its meta.
+func interruptedCheckpoint(t *testing.T, r testRun, n int) (*checkpoint.Checkpoint, Meta) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sinks := make([]MetricsSink, n)
+	sinks[0] = &recorder{after: func(rec metrics.Record) {
+		if rec.Step == 3 {
+			cancel()
+		}
+	}}
+	first, _ := r.group(t, n, sinks, nil)
+	if _, errs := runAll(ctx, first); !errors.Is(errs[0], context.Canceled) {
+		t.Fatalf("interrupted run: %v", errs)
+	}
+	ck, _, err := checkpoint.Resolve("auto", r.ckptDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta Meta
+	if err := ck.Meta(&meta); err != nil {
+		t.Fatal(err)
+	}
+	return ck, meta
+}
+
 // TestZeroReshardResume: a run saved by 4 ranks at stage 2 resumes as 4 ranks at stage 2
 // (step for step equal to the uninterrupted run), as 2 ranks at stage 1, and as one worker,
 // without any conversion, and the resharded runs continue as the uninterrupted one does
@@ -243,24 +269,7 @@ func TestZeroReshardResume(t *testing.T) {
 	wantLoss := rec.trainLosses()
 
 	saver.ckptDir = t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	sinks := []MetricsSink{&recorder{after: func(rec metrics.Record) {
-		if rec.Step == 3 {
-			cancel()
-		}
-	}}, nil, nil, nil}
-	first, _ := saver.group(t, 4, sinks, nil)
-	if _, errs := runAll(ctx, first); !errors.Is(errs[0], context.Canceled) {
-		t.Fatalf("interrupted run: %v", errs)
-	}
-	ck, _, err := checkpoint.Resolve("auto", saver.ckptDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var meta Meta
-	if err := ck.Meta(&meta); err != nil {
-		t.Fatal(err)
-	}
+	ck, meta := interruptedCheckpoint(t, saver, 4)
 	if len(meta.Shards) != 4 || meta.ZeroStage != 2 {
 		t.Fatalf("checkpoint has %d optimizer shards at stage %d, want 4 at 2", len(meta.Shards), meta.ZeroStage)
 	}
@@ -302,7 +311,7 @@ func TestZeroReshardResume(t *testing.T) {
 	if err := os.Remove(filepath.Join(broken, "optimizer-00002.safetensors")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = checkpoint.Open(broken)
+	_, err := checkpoint.Open(broken)
 	if err == nil || !strings.Contains(err.Error(), "optimizer-00002.safetensors") {
 		t.Fatalf("opening a checkpoint without shard 2: %v", err)
 	}

@@ -121,7 +121,13 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 func probeMicro(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, 1)
-	grads := make([]float32, layout.Size)
+	return heapAfterStep(spec, layout, params, make([]float32, layout.Size), f, micro)
+}
+
+// heapAfterStep builds the training graph at micro over params and runs one forward/backward
+// of a blank batch into grads, and returns the Go heap in use (after a collection) while the
+// graph is still alive.
+func heapAfterStep(spec *model.Spec, layout *model.Layout, params, grads []float32, f half.Format, micro int) (int64, error) {
 	net, err := model.New(spec, layout, params, model.Options{MicroBatch: micro, EvalBatch: 1, Grad: f})
 	if err != nil {
 		return 0, err

@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/qvd/qvd/configs"
-	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/memstat"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/zero"
@@ -288,28 +288,10 @@ func measureActivationBytes(spec *model.Spec, f half.Format) (int64, error) {
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, 1)
 	grads := make([]float32, layout.Size)
-	heap := func() int64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return int64(ms.HeapAlloc)
-	}
 	at := func(micro int) (int64, error) {
-		before := heap()
-		net, err := model.New(spec, layout, params, model.Options{MicroBatch: micro, EvalBatch: 1, Grad: f})
-		if err != nil {
-			return 0, err
-		}
-		defer net.Close()
-		b := data.NewBatch(micro, 28*28)
-		b.N = micro
-		if _, err := net.ForwardBackward(b, 1, grads); err != nil {
-			return 0, err
-		}
-		used := heap() - before
-		runtime.KeepAlive(net)
-		runtime.KeepAlive(b)
-		return used, nil
+		before := heapInUse()
+		after, err := heapAfterStep(spec, layout, params, grads, f, micro)
+		return after - before, err
 	}
 	const small, large = 8, 72
 	if _, err := at(small); err != nil { // one-time allocations (gorgonia's caches) land here
@@ -353,25 +335,10 @@ func parseCount(s string) (float64, error) {
 	return math.Round(v * mul), nil
 }
 
-// parseBytes parses 24GiB, 16GB, 512MiB, 1.5MiB, 1048576.
+// parseBytes parses 24GiB, 16GB, 512MiB, 1.5MiB, 1048576 (memory.ParseBytes).
 func parseBytes(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mul    float64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
-	mul := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mul = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mul
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v*mul > 1<<62 {
-		return 0, fmt.Errorf("%q is not a size (e.g. 24GiB, 16GB, 512MiB)", s)
-	}
-	return int64(v * mul), nil
+	b, err := memory.ParseBytes(s)
+	return int64(b), err
 }
 
 // exactBytes makes humanBytes print plain byte counts (qvd estimate --bytes).
@@ -381,14 +348,10 @@ func humanBytes(b int64) string {
 	switch {
 	case exactBytes:
 		return strconv.FormatInt(b, 10)
-	case b >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	case b < 0:
+		return "-" + memstat.FormatBytes(uint64(-b))
 	}
-	return fmt.Sprintf("%d B", b)
+	return memstat.FormatBytes(uint64(b))
 }
 
 func human(n float64) string {

@@ -1,0 +1,30 @@
+package trainer
+
+import (
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/vec"
+)
+
+// Frozen tensors (model.Layout.Frozen) are a prefix of the flat parameters that the ZeRO
+// engine never sees; these keep its values, in fp32 for checkpoints.
+
+// setFrozen sets the frozen prefix of the parameters from fp32 values (rounded to the working
+// precision), keeping the fp32 copy for checkpoints in fp16/bf16.
+func (t *Trainer) setFrozen(w []float32) {
+	if len(w) == 0 {
+		return
+	}
+	copy(t.params[:len(w)], w)
+	if t.format != half.FP32 {
+		t.frozenMaster = append(t.frozenMaster[:0], w...)
+		vec.Round(t.params[:len(w)], t.format)
+	}
+}
+
+// frozenWeights is the fp32 frozen prefix.
+func (t *Trainer) frozenWeights() []float32 {
+	if t.frozenMaster != nil {
+		return t.frozenMaster
+	}
+	return t.params[:t.layout.Frozen]
+}
