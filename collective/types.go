@@ -104,7 +104,8 @@ type Communicator interface {
 // Config tunes a communicator. YAML under `collective:`.
 type Config struct {
 	// Transport is "grpc" (streams over the cluster's gRPC connections; the default) or "tcp"
-	// (a raw-TCP data plane authenticated through gRPC).
+	// (a raw-TCP data plane authenticated through gRPC) or "nccl" (NCCL between GPUs, its
+	// unique id exchanged over the gRPC communicator; needs device.type cuda).
 	Transport string `yaml:"transport" json:"transport"`
 	// Timeout is how long a call waits for any frame from the peer it is receiving from
 	// before failing with an error naming it; a stalled or partitioned peer is detected this
@@ -123,8 +124,8 @@ func DefaultConfig() Config {
 // Validate checks the fields; errors name the field.
 func (c Config) Validate() error {
 	switch {
-	case c.Transport != "grpc" && c.Transport != "tcp" && c.Transport != "inproc":
-		return fmt.Errorf("transport: must be grpc or tcp (inproc in tests), got %q", c.Transport)
+	case c.Transport != "grpc" && c.Transport != "tcp" && c.Transport != "nccl" && c.Transport != "inproc":
+		return fmt.Errorf("transport: must be grpc, tcp or nccl (inproc in tests), got %q", c.Transport)
 	case c.Timeout < 100*time.Millisecond || c.Timeout > time.Hour:
 		return fmt.Errorf("timeout: must be between 100ms and 1h, got %v", c.Timeout)
 	case c.ChunkBytes < 4<<10 || c.ChunkBytes > 64<<20:

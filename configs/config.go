@@ -17,6 +17,7 @@ import (
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/gpu"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
@@ -46,6 +47,9 @@ type Config struct {
 	// Memory is the memory monitor (log_every, min_available), the Go runtime's soft limit
 	// and the reaction to host memory pressure.
 	Memory memory.Config `yaml:"memory" json:"memory"`
+	// Device selects the engine: cpu (gorgonia), cuda (the GPU engine; a qvd built with
+	// -tags cuda) or reference (the GPU engine over its plain-Go reference device).
+	Device gpu.Config `yaml:"device" json:"device"`
 }
 
 // RunConfig names the run and says where its outputs go.
@@ -72,6 +76,7 @@ func Default() Config {
 		Collective: collective.DefaultConfig(),
 		Zero:       zero.DefaultConfig(),
 		Memory:     memory.DefaultConfig(),
+		Device:     gpu.DefaultConfig(),
 	}
 }
 
@@ -116,6 +121,13 @@ func (c *Config) Validate() error {
 	add("collective", c.Collective.Validate())
 	add("tls", c.TLS.Validate())
 	add("memory", c.Memory.Validate())
+	add("device", c.Device.Validate())
+	if c.Device.GPU() && c.Model.ActivationCheckpointing.Segments > 1 {
+		add("device", fmt.Errorf("type: %s: the GPU engine does not do model.activation_checkpointing yet (it keeps every activation); set segments to 0 or train on the cpu", c.Device.Type))
+	}
+	if c.Collective.Transport == "nccl" && c.Device.Type != "cuda" {
+		add("collective", fmt.Errorf("transport: nccl needs device.type: cuda, got %q", c.Device.Type))
+	}
 	return errors.Join(errs...)
 }
 

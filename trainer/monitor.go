@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 
 	"go.uber.org/zap"
@@ -60,6 +61,7 @@ func (t *Trainer) observeMemory(rec *metrics.Record) {
 	if t.mon == nil {
 		snap := t.mem.Read()
 		rec.HeapBytes, rec.RSSBytes = snap.HeapInUse, snap.RSS
+		t.observeDevice(rec)
 		return
 	}
 	r := t.mon.Observe(t.step, rec.Memory)
@@ -79,6 +81,7 @@ func (t *Trainer) observeMemory(rec *metrics.Record) {
 			rec.GPU[k+"used"], rec.GPU[k+"free"], rec.GPU[k+"total"] = int64(d.Used), int64(d.Free), int64(d.Total)
 		}
 	}
+	t.observeDevice(rec)
 	switch {
 	case r.Pressure && (r.PressureStarted || r.Periodic):
 		t.log.Warn("host memory pressure: "+r.Reason, zap.Int64("step", t.step),
@@ -119,4 +122,21 @@ func (t *Trainer) logMonitor(r memory.Report) {
 		fields = append(fields, zap.String("gpu", line))
 	}
 	t.log.Info(r.Line(), fields...)
+}
+
+// DeviceMemoryReporter is a Model with its own device allocator (the GPU engine): its figures
+// (allocated, reserved and their peaks) go into the metrics' gpu map beside NVML's.
+type DeviceMemoryReporter interface {
+	DeviceMemory() map[string]int64
+}
+
+func (t *Trainer) observeDevice(rec *metrics.Record) {
+	d, ok := t.model.(DeviceMemoryReporter)
+	if !ok {
+		return
+	}
+	if rec.GPU == nil {
+		rec.GPU = map[string]int64{}
+	}
+	maps.Copy(rec.GPU, d.DeviceMemory())
 }

@@ -21,6 +21,9 @@ import (
 // stop when any rank has been asked to stop (ctx cancelled); collectives run on cctx.
 func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, err error) {
 	start := t.clock.Now()
+	if err := t.syncModel(); err != nil {
+		return false, fmt.Errorf("step %d: %w", t.step+1, err)
+	}
 	t.eng.BeginStep()
 	scale := 1.0
 	if t.scaler != nil {
@@ -186,6 +189,9 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 // evaluate runs the model over the test set; in a group each rank takes an even share of
 // the test samples and the sums are all-reduced.
 func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
+	if err := t.syncModel(); err != nil {
+		return fmt.Errorf("evaluation at step %d: %w", t.step, err)
+	}
 	shards := collective.EvenShards(t.test.N, t.world)
 	lo, hi := shards[t.rank], shards[t.rank+1]
 	var sum model.EvalResult
@@ -220,6 +226,20 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 		if err := t.metrics.Write(rec); err != nil {
 			return fmt.Errorf("writing metrics: %w", err)
 		}
+	}
+	return nil
+}
+
+// ParamSyncer is a Model that computes with its own copy of Params (the GPU engine's device
+// buffer): SyncParams copies Params there. The trainer calls it before each step and each
+// evaluation, after whatever wrote the weights (the optimizer, the first broadcast, a resume).
+type ParamSyncer interface {
+	SyncParams() error
+}
+
+func (t *Trainer) syncModel() error {
+	if s, ok := t.model.(ParamSyncer); ok {
+		return s.SyncParams()
 	}
 	return nil
 }

@@ -95,7 +95,8 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		a = append(a, "--grpc-bind", net.JoinHostPort(*host, "0"))
 		a = append(a, common...)
 		workers[i] = &launched{rank: i, cmd: exec.Command(exe, a...)}
-		workers[i].cmd.Env = env
+		// The worker's index on this machine picks its GPU (device.ordinal -1).
+		workers[i].cmd.Env = append(append([]string(nil), env...), "QVD_LOCAL_RANK="+strconv.Itoa(i))
 	}
 	return runWorkers(ctx, workers, stdout, stderr)
 }

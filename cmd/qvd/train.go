@@ -42,6 +42,7 @@ type runFlags struct {
 	trainSubset, testSubset int
 	dataPath                string
 	transport               string
+	device                  string
 	zeroStage               int
 	checkpointEvery         int
 	offload                 string
@@ -68,7 +69,8 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.trainSubset, "train-subset", 0, "train on the first N samples only (data.train_subset)")
 	fs.IntVar(&f.testSubset, "test-subset", 0, "evaluate on the first N test samples only (data.test_subset)")
 	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
-	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc or tcp (collective.transport)")
+	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc, tcp or nccl (collective.transport)")
+	fs.StringVar(&f.device, "device", "", "engine: cpu, cuda (a qvd built with -tags cuda) or reference (the GPU engine on its plain-Go reference device) (device.type)")
 	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
 	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
@@ -127,6 +129,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Data.Path = f.dataPath
 		case "transport":
 			cfg.Collective.Transport = f.transport
+		case "device":
+			cfg.Device.Type = f.device
 		case "zero-stage":
 			cfg.Zero.Stage = f.zeroStage
 		case "checkpoint-every":
@@ -393,6 +397,15 @@ func (j *job) attach(ctx context.Context, m *member, r *cluster.Roster, stderr i
 	if err != nil {
 		return j.fail(stderr, err)
 	}
+	if j.cfg.Collective.Transport == "nccl" {
+		nc, err := ncclOver(ctx, comm, r.Rank, j.cfg.Device)
+		if err != nil {
+			comm.Close()
+			t.Close()
+			return j.fail(stderr, err)
+		}
+		comm = stacked{nc, comm}
+	}
 	j.comm, j.transport = comm, t
 	j.log.Info("joined the job", zap.String("job", r.Job), zap.Int("world", r.World),
 		zap.String("transport", j.cfg.Collective.Transport))
@@ -498,33 +511,14 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	layout := model.NewLayoutFrozen(spec, frozen)
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, cfg.Run.Seed)
-	net, err := model.New(spec, layout, params, model.Options{MicroBatch: cfg.Train.MicroBatch, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
-		Segments: cfg.Model.ActivationCheckpointing.Segments})
+	eng, err := newEngine(cfg, spec, layout, params, j.rank, log)
 	if err != nil {
 		return trainer.Result{}, err
 	}
-	defer net.Close()
-	// The trainer rebuilds the model at half the micro-batch when memory runs short
-	// (out-of-memory micro-batches, or host pressure with memory.adapt); it closes the graphs it
-	// replaces, and the last one is closed here.
-	var rebuilt []*model.Net
-	defer func() {
-		for _, n := range rebuilt {
-			n.Close()
-		}
-	}()
-	rebuild := func(micro int) (trainer.Model, error) {
-		n, err := model.New(spec, layout, params, model.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
-			Segments: cfg.Model.ActivationCheckpointing.Segments})
-		if err != nil {
-			return nil, err
-		}
-		rebuilt = append(rebuilt, n)
-		return n, nil
-	}
+	defer eng.Close()
 	logMeasure(log, build.Done())
 	log.Info("qvd", zap.String("version", version.Version), zap.String("run", cfg.Run.Name), zap.String("out", cfg.Run.Out),
-		zap.String("model", spec.String()), zap.Int("params", layout.NumParams()), zap.String("blas", blas.Use()),
+		zap.String("model", spec.String()), zap.Int("params", layout.NumParams()), zap.String("blas", blas.Use()), zap.String("device", eng.device),
 		zap.Int("train_samples", trainSet.N), zap.Int("test_samples", testSet.N))
 
 	var from *checkpoint.Checkpoint
@@ -556,14 +550,14 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	setup := trainer.Setup{
 		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Zero: cfg.Zero, Checkpoint: cfg.Checkpoint,
-		Seed: cfg.Run.Seed, Model: net, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
+		Seed: cfg.Run.Seed, Model: eng.model, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
 		Resume: from, ConfigSnapshot: cfg, Metrics: sink, Logger: log, Comm: j.comm,
 	}
 	if j.line != nil {
 		setup.Progress = j.line
 	}
 	setup.MemoryMonitor = mon
-	setup.Rebuild, setup.AdaptOnPressure = rebuild, cfg.Memory.Adapt
+	setup.Rebuild, setup.AdaptOnPressure = eng.rebuild, cfg.Memory.Adapt
 	setup.Prefetch = cfg.Data.Prefetch
 	build = mon.Measure("trainer build")
 	t, err := trainer.New(setup)

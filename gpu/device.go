@@ -1,0 +1,193 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/vec"
+)
+
+// DType is the element type of a device buffer.
+type DType uint8
+
+// Element types. Floating-point buffers hold a model's weights, activations and gradients in
+// its working precision; I32 holds labels and max-pool indices.
+const (
+	F32 DType = iota + 1
+	F16
+	BF16
+	I32
+)
+
+func (t DType) String() string {
+	switch t {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	case BF16:
+		return "bf16"
+	case I32:
+		return "i32"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(t))
+}
+
+// Size is the element size in bytes.
+func (t DType) Size() int {
+	switch t {
+	case F16, BF16:
+		return 2
+	case F32, I32:
+		return 4
+	}
+	return 0
+}
+
+// Float reports whether t is a floating-point type.
+func (t DType) Float() bool { return t == F32 || t == F16 || t == BF16 }
+
+// FromFormat is the device type of a working precision.
+func FromFormat(f half.Format) DType {
+	switch f {
+	case half.FP16:
+		return F16
+	case half.BF16:
+		return BF16
+	}
+	return F32
+}
+
+// Format is the working precision of a floating-point type.
+func (t DType) Format() half.Format {
+	switch t {
+	case F16:
+		return half.FP16
+	case BF16:
+		return half.BF16
+	}
+	return half.FP32
+}
+
+// Ptr is the address of an allocation on the device (a CUdeviceptr; an arena handle on the
+// host reference device).
+type Ptr uint64
+
+// Buf is a typed view of device memory: N elements of type T starting Off elements into the
+// allocation at Ptr. Views are values: slicing never allocates, as a parameter tensor is a
+// view of the flat parameter buffer on the CPU.
+type Buf struct {
+	Ptr Ptr
+	Off int
+	N   int
+	T   DType
+}
+
+// Slice returns elements [lo, hi) of b.
+func (b Buf) Slice(lo, hi int) Buf {
+	if lo < 0 || hi < lo || hi > b.N {
+		panic(fmt.Sprintf("gpu: slice [%d:%d] of a buffer of %d elements", lo, hi, b.N))
+	}
+	return Buf{Ptr: b.Ptr, Off: b.Off + lo, N: hi - lo, T: b.T}
+}
+
+// Bytes is the size of the view in bytes.
+func (b Buf) Bytes() int { return b.N * b.T.Size() }
+
+// Addr is the device address of the view's first element.
+func (b Buf) Addr() uint64 { return uint64(b.Ptr) + uint64(b.Off*b.T.Size()) }
+
+// Valid reports whether b is a non-empty view of an allocation.
+func (b Buf) Valid() bool { return b.Ptr != 0 && b.T != 0 }
+
+// ErrDevice wraps failures reported by the device or its libraries (a failed launch, a
+// cuBLAS status, a lost context).
+var ErrDevice = errors.New("gpu")
+
+// Device is the seam between the GPU engine and a backend: raw memory, copies, cuBLAS-style
+// GEMMs and the handful of kernels a sequential network needs. Every operation is queued on
+// the device's compute stream and runs in order; as with CUDA, an operation does not return
+// its failure: the first one is kept and returned by Sync (and by Download, which syncs),
+// and every operation after it is skipped. The CUDA backend lives in gpu/cuda (build tag
+// cuda); Host is a reference backend in plain Go with the same semantics, used to test the
+// engine on machines without a GPU and to check the CUDA kernels against.
+//
+// Shapes are row-major. Floating-point operations read their inputs in the buffers' types,
+// compute and accumulate in fp32 and round once when they store, as the CUDA kernels and
+// cublasGemmEx with CUBLAS_COMPUTE_32F do.
+type Device interface {
+	// Name describes the device ("NVIDIA H100 80GB HBM3 (sm_90, driver 13.0)").
+	Name() string
+	// Malloc allocates raw memory for n elements of t. It fails with an error wrapping
+	// memory.ErrOutOfMemory when the device is full. Most callers allocate through an
+	// Allocator, which caches and accounts.
+	Malloc(n int, t DType) (Buf, error)
+	// Release frees an allocation made by Malloc (b must be the whole allocation).
+	Release(b Buf)
+	// TotalMemory is the device's memory in bytes (0 if unknown).
+	TotalMemory() uint64
+
+	// Upload copies src into dst (len(src) == dst.N), converting to dst.T (rounding to
+	// nearest even). Labels are uploaded with UploadInt32.
+	Upload(dst Buf, src []float32)
+	UploadInt32(dst Buf, src []int32)
+	// Download waits for the queued work and copies src into dst (len(dst) == src.N),
+	// converting to float32; it returns the first error of the queue.
+	Download(dst []float32, src Buf) error
+	// Fill sets every element of b to v.
+	Fill(b Buf, v float32)
+	// Copy copies src into dst (same length), converting between floating-point types.
+	Copy(dst, src Buf)
+
+	// Gemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices: op(A) is m×k
+	// (A is k×m when transA), op(B) is k×n (B is n×k when transB), C is m×n. The leading
+	// dimensions are those of contiguous row-major storage.
+	Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf)
+
+	// AddBias adds bias to a rows×cols matrix y: bias[c] to every row when perRow is false,
+	// bias[r] to every element of row r when perRow is true (a convolution's bias over the
+	// channel-major layout).
+	AddBias(y, bias Buf, rows, cols int, perRow bool)
+	// SumRows sets dst[c] = beta·dst[c] + Σ_r src[r, c] (perRow false), or dst[r] =
+	// beta·dst[r] + Σ_c src[r, c] (perRow true): the bias gradients.
+	SumRows(dst, src Buf, rows, cols int, perRow bool, beta float32)
+	// ReLU sets y = max(x, 0) (y and x may be the same buffer).
+	ReLU(y, x Buf)
+	// ReLUGrad sets dx = dy where y > 0 and 0 elsewhere (dx and dy may be the same buffer).
+	ReLUGrad(dx, dy, y Buf)
+	// Transpose01 swaps the first two axes of an a×b×r array: dst[j, i, :] = src[i, j, :].
+	Transpose01(dst, src Buf, a, b, r int)
+	// Im2Col unfolds x (n×c×h×w) for a k×k convolution with padding pad and stride 1 into
+	// cols ((c·k·k) × (n·oh·ow)), oh = h+2·pad-k+1: column j holds the receptive field of
+	// output pixel j (sample-major), so the convolution is one GEMM.
+	Im2Col(cols, x Buf, n, c, h, w, k, pad int)
+	// Col2Im is Im2Col's adjoint: dx (n×c×h×w) = Σ of the columns' entries that read each
+	// input element (overwriting dx).
+	Col2Im(dx, cols Buf, n, c, h, w, k, pad int)
+	// MaxPool2 is a 2×2, stride-2 max-pool of x (planes × h × w, planes = n·c) into y
+	// (planes × h/2 × w/2); idx (I32, len y.N) records the flat index into x of each maximum.
+	MaxPool2(y, idx, x Buf, planes, h, w int)
+	// MaxPool2Grad routes dy back to the maxima: dx is zeroed, then dx[idx[i]] = dy[i].
+	MaxPool2Grad(dx, dy, idx Buf)
+	// SoftmaxXent computes, for logits (rows × classes) and labels (I32, rows), each row's
+	// cross-entropy into loss (F32, rows) and dlogits = (softmax − onehot)·scale (dlogits may
+	// alias logits).
+	SoftmaxXent(dlogits, loss, logits, labels Buf, rows, classes int, scale float32)
+	// AdamW is the fused optimizer step on fp32 master weights p with fp32 moments m and v
+	// for gradient g (any float type), with vec.AdamW's arithmetic (every operation rounded
+	// to float32, no fused multiply-add: the same bits as the CPU optimizer), then stores the
+	// updated weights rounded to the working precision into w (skipped when w is not Valid).
+	AdamW(p, m, v, g, w Buf, c vec.AdamConsts)
+	// UnscaleCheck multiplies g by s in place and sets found (F32, one element) to 1 if any
+	// element of g is Inf or NaN (it never clears found): the loss scaler's check in one pass.
+	UnscaleCheck(g, found Buf, s float32)
+	// SumSquares adds Σ g² into acc (F32, one element), accumulated in fp32 per block and
+	// fp64 nowhere: the global-norm for clipping.
+	SumSquares(acc, g Buf)
+
+	// Sync waits for the queued work and returns the first error since the last Sync.
+	Sync() error
+	// Close releases the device's context, streams and libraries.
+	Close() error
+}

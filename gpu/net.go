@@ -1,0 +1,465 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/vec"
+	"github.com/qvd/qvd/model"
+)
+
+// Options sizes a Net.
+type Options struct {
+	MicroBatch int         // samples per ForwardBackward
+	EvalBatch  int         // most samples per Evaluate
+	Precision  half.Format // the type of weights, activations and gradients on the device
+}
+
+// Net runs a model.Spec on a Device: the same model definition the CPU engine compiles into
+// gorgonia graphs, executed layer by layer as GEMMs and kernels on device buffers. Weights
+// live in one flat device buffer with the CPU layout (tensors are views by offset), in the
+// working precision; the gradient of a micro-batch is computed into one flat device buffer in
+// the same precision and copied to the host, where the trainer's ZeRO engine reduces it and
+// steps the fp32 master weights (CPU Adam: ZeRO-Offload's split), after which SyncParams
+// copies the updated working weights back. Activations are allocated per call from the
+// caching Allocator, so an out-of-memory micro-batch fails cleanly (memory.ErrOutOfMemory)
+// and the next one reuses the cached blocks.
+//
+// Net implements the trainer's Model interface.
+type Net struct {
+	dev    Device
+	alloc  *Allocator
+	spec   *model.Spec
+	layout *model.Layout
+	dt     DType
+	micro  int
+	evalBS int
+
+	host   []float32 // Params(): the working weights the trainer writes (fp32 values, rounded)
+	params Buf       // the device copy, in dt
+	grads  Buf       // the trainable suffix's gradient, in dt
+	gbuf   []float32 // host staging for grads
+	// needDx[i]: the backward pass must compute layer i's input gradient (some trainable
+	// parameter lies below it).
+	needDx []bool
+	syncs  int64
+}
+
+// NewNet places spec's parameters (params, len layout.Size, which the caller owns and
+// updates between calls) on the allocator's device.
+func NewNet(alloc *Allocator, spec *model.Spec, layout *model.Layout, params []float32, opt Options) (*Net, error) {
+	if len(params) != layout.Size {
+		return nil, fmt.Errorf("gpu: params has %d elements, layout needs %d", len(params), layout.Size)
+	}
+	if opt.MicroBatch < 1 || opt.EvalBatch < 1 {
+		return nil, fmt.Errorf("gpu: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
+	}
+	if layout.Trainable() == 0 {
+		return nil, errors.New("gpu: every parameter is frozen: nothing to train")
+	}
+	n := &Net{dev: alloc.Device(), alloc: alloc, spec: spec, layout: layout, dt: FromFormat(opt.Precision),
+		micro: opt.MicroBatch, evalBS: opt.EvalBatch, host: params, gbuf: make([]float32, layout.Trainable())}
+	for _, l := range spec.Layers {
+		if l.Kind == model.Conv2D && l.Kernel > l.InShape[1]+2*l.Pad {
+			return nil, fmt.Errorf("gpu: layer %s: kernel %d larger than its padded input", l.Name, l.Kernel)
+		}
+	}
+	n.needDx = make([]bool, len(spec.Layers))
+	below := false
+	for i, l := range spec.Layers {
+		n.needDx[i] = below
+		if (l.Kind == model.Dense || l.Kind == model.Conv2D) && !layout.Tensors[l.Weight].Frozen {
+			below = true
+		}
+	}
+	var err error
+	if n.params, err = alloc.Alloc(layout.Size, n.dt); err != nil {
+		return nil, fmt.Errorf("gpu: placing the parameters: %w", err)
+	}
+	if n.grads, err = alloc.Alloc(layout.Trainable(), n.dt); err != nil {
+		alloc.Free(n.params)
+		return nil, fmt.Errorf("gpu: placing the gradient buffer: %w", err)
+	}
+	n.dev.Fill(n.grads, 0) // alignment padding stays zero: no kernel writes it
+	if err := n.SyncParams(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Spec returns the network's specification.
+func (n *Net) Spec() *model.Spec { return n.spec }
+
+// Layout returns the flat parameter layout.
+func (n *Net) Layout() *model.Layout { return n.layout }
+
+// Params is the host copy of the working weights: the trainer writes the optimizer's result
+// here and calls SyncParams.
+func (n *Net) Params() []float32 { return n.host }
+
+// MicroBatch is the training batch size.
+func (n *Net) MicroBatch() int { return n.micro }
+
+// EvalBatch is the largest evaluation batch.
+func (n *Net) EvalBatch() int { return n.evalBS }
+
+// Allocator returns the device allocator (its Stats are the engine's device memory).
+func (n *Net) Allocator() *Allocator { return n.alloc }
+
+// SyncParams copies the host working weights to the device (host → device, in the working
+// precision). The trainer calls it after every write to Params.
+func (n *Net) SyncParams() error {
+	n.dev.Upload(n.params, n.host)
+	n.syncs++
+	if err := n.dev.Sync(); err != nil {
+		return fmt.Errorf("gpu: copying the parameters to the device: %w", err)
+	}
+	return nil
+}
+
+// DeviceMemory reports the allocator's figures for the memory monitor and metrics.
+func (n *Net) DeviceMemory() map[string]int64 {
+	s := n.alloc.Stats()
+	return map[string]int64{"qvd_allocated": s.Allocated, "qvd_reserved": s.Reserved,
+		"qvd_max_allocated": s.MaxAllocated, "qvd_max_reserved": s.MaxReserved}
+}
+
+// Close frees the device buffers (not the allocator or device, which the caller owns).
+func (n *Net) Close() error {
+	n.alloc.Free(n.params)
+	n.alloc.Free(n.grads)
+	n.params, n.grads = Buf{}, Buf{}
+	return nil
+}
+
+// ErrBatch reports a batch that does not fit the net.
+var ErrBatch = model.ErrBatch
+
+// ForwardBackward runs one micro-batch and adds the gradient of loss×scale into grads
+// (len Layout().Trainable()), rounding the micro-batch gradient and the sum to the working
+// precision as the CPU engine does. It returns the unscaled mean cross-entropy.
+func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
+	if len(grads) != n.layout.Trainable() {
+		panic(fmt.Sprintf("gpu: grads has %d elements, the layout's trainable part %d", len(grads), n.layout.Trainable()))
+	}
+	loss, err := n.step(b, scale)
+	if err != nil {
+		return 0, err
+	}
+	f := n.dt.Format()
+	if f == half.FP32 {
+		vec.Add(grads, n.gbuf)
+		return loss, nil
+	}
+	vec.Add(grads, n.gbuf)
+	vec.Round(grads, f)
+	return loss, nil
+}
+
+// ForwardBackwardStream runs one micro-batch and hands each trainable tensor's gradient of
+// loss×scale, in working precision, to emit in increasing flat-offset order.
+func (n *Net) ForwardBackwardStream(b *data.Batch, scale float32, emit func(off int, g []float32) error) (float32, error) {
+	loss, err := n.step(b, scale)
+	if err != nil {
+		return 0, err
+	}
+	for _, t := range n.layout.Tensors {
+		if t.Frozen {
+			continue
+		}
+		off := t.Offset - n.layout.Frozen
+		if err := emit(off, n.gbuf[off:off+t.Size]); err != nil {
+			return 0, err
+		}
+	}
+	return loss, nil
+}
+
+// pass holds one call's device buffers; free returns them all to the allocator.
+type pass struct {
+	n    *Net
+	bufs []Buf
+	err  error
+}
+
+func (p *pass) alloc(elems int, t DType) Buf {
+	if p.err != nil {
+		return Buf{}
+	}
+	b, err := p.n.alloc.Alloc(elems, t)
+	if err != nil {
+		p.err = err
+		return Buf{}
+	}
+	p.bufs = append(p.bufs, b)
+	return b
+}
+
+func (p *pass) free() {
+	for _, b := range p.bufs {
+		p.n.alloc.Free(b)
+	}
+	p.bufs = nil
+}
+
+// layerState is what the backward pass needs of one layer's forward.
+type layerState struct {
+	in, out Buf // activations (out may alias in: ReLU runs in place)
+	cols    Buf // Conv2D: the unfolded input
+	idx     Buf // MaxPool2: the argmax indices
+}
+
+// step runs forward and backward on b and leaves the gradient in n.gbuf.
+func (n *Net) step(b *data.Batch, scale float32) (float32, error) {
+	in := prod(n.spec.Input)
+	if b.N != n.micro || b.SampleSize != in {
+		return 0, fmt.Errorf("%w: training takes %d samples of %d values, got %d of %d", ErrBatch, n.micro, in, b.N, b.SampleSize)
+	}
+	p := &pass{n: n}
+	defer p.free()
+	labels, err := n.labels(p, b)
+	if err != nil {
+		return 0, err
+	}
+	st, logits := n.forward(p, b, b.N)
+	if p.err != nil {
+		return 0, fmt.Errorf("gpu: forward: %w", p.err)
+	}
+	rows, classes := b.N, n.spec.Classes
+	loss := p.alloc(rows, F32)
+	if p.err != nil {
+		return 0, fmt.Errorf("gpu: forward: %w", p.err)
+	}
+	// d(mean CE × scale)/dlogits, written over the logits (no longer needed).
+	n.dev.SoftmaxXent(logits, loss, logits, labels, rows, classes, scale/float32(rows))
+	n.backward(p, st, logits, rows)
+	if p.err != nil {
+		return 0, fmt.Errorf("gpu: backward: %w", p.err)
+	}
+	lossv := make([]float32, rows)
+	if err := n.dev.Download(lossv, loss); err != nil {
+		return 0, fmt.Errorf("gpu: forward/backward: %w", err)
+	}
+	if err := n.dev.Download(n.gbuf, n.grads); err != nil {
+		return 0, fmt.Errorf("gpu: copying the gradient to the host: %w", err)
+	}
+	var sum float64
+	for _, v := range lossv {
+		sum += float64(v)
+	}
+	return float32(sum / float64(rows)), nil
+}
+
+// labels validates and uploads the batch's labels.
+func (n *Net) labels(p *pass, b *data.Batch) (Buf, error) {
+	ys := make([]int32, b.N)
+	for i := 0; i < b.N; i++ {
+		y := int(b.Y[i])
+		if y < 0 || y >= n.spec.Classes {
+			return Buf{}, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, n.spec.Classes)
+		}
+		ys[i] = int32(y)
+	}
+	buf := p.alloc(b.N, I32)
+	if p.err != nil {
+		return Buf{}, fmt.Errorf("gpu: labels: %w", p.err)
+	}
+	n.dev.UploadInt32(buf, ys)
+	return buf, nil
+}
+
+// weight and bias return the device views of a layer's tensors.
+func (n *Net) tensor(i int) Buf {
+	t := n.layout.Tensors[i]
+	return n.params.Slice(t.Offset, t.Offset+t.Size)
+}
+
+func (n *Net) gradOf(i int) (Buf, bool) {
+	t := n.layout.Tensors[i]
+	if t.Frozen {
+		return Buf{}, false
+	}
+	off := t.Offset - n.layout.Frozen
+	return n.grads.Slice(off, off+t.Size), true
+}
+
+// forward runs the layers on the first rows samples of b and returns each layer's state and
+// the logits.
+func (n *Net) forward(p *pass, b *data.Batch, rows int) ([]layerState, Buf) {
+	x := p.alloc(rows*b.SampleSize, n.dt)
+	if p.err != nil {
+		return nil, Buf{}
+	}
+	n.dev.Upload(x, b.X[:rows*b.SampleSize])
+	st := make([]layerState, len(n.spec.Layers))
+	h := x
+	for i, l := range n.spec.Layers {
+		st[i].in = h
+		switch l.Kind {
+		case model.Dense:
+			out := p.alloc(rows*l.Out, n.dt)
+			if p.err != nil {
+				return nil, Buf{}
+			}
+			n.dev.Gemm(false, false, rows, l.Out, l.In, 1, h, n.tensor(l.Weight), 0, out)
+			n.dev.AddBias(out, n.tensor(l.Bias), rows, l.Out, false)
+			h = out
+		case model.Conv2D:
+			c, hh, w := l.InShape[0], l.InShape[1], l.InShape[2]
+			ohw := l.OutShape[1] * l.OutShape[2]
+			ckk := c * l.Kernel * l.Kernel
+			cols := p.alloc(ckk*rows*ohw, n.dt)
+			ycm := p.alloc(l.Out*rows*ohw, n.dt) // channel-major [out, rows·ohw]
+			out := p.alloc(rows*l.Out*ohw, n.dt)
+			if p.err != nil {
+				return nil, Buf{}
+			}
+			n.dev.Im2Col(cols, h, rows, c, hh, w, l.Kernel, l.Pad)
+			n.dev.Gemm(false, false, l.Out, rows*ohw, ckk, 1, n.tensor(l.Weight), cols, 0, ycm)
+			n.dev.AddBias(ycm, n.tensor(l.Bias), l.Out, rows*ohw, true)
+			n.dev.Transpose01(out, ycm, l.Out, rows, ohw)
+			st[i].cols = cols
+			h = out
+		case model.ReLU:
+			n.dev.ReLU(h, h) // in place: the layer below needs only its input in backward
+		case model.MaxPool2:
+			c, hh, w := l.InShape[0], l.InShape[1], l.InShape[2]
+			out := p.alloc(rows*prod(l.OutShape), n.dt)
+			idx := p.alloc(rows*prod(l.OutShape), I32)
+			if p.err != nil {
+				return nil, Buf{}
+			}
+			n.dev.MaxPool2(out, idx, h, rows*c, hh, w)
+			st[i].idx = idx
+			h = out
+		case model.Flatten:
+			// NCHW is already [rows, c·h·w] row-major.
+		default:
+			p.err = fmt.Errorf("gpu: layer kind %v not supported", l.Kind)
+			return nil, Buf{}
+		}
+		st[i].out = h
+	}
+	return st, h
+}
+
+// backward propagates dy (the logits' gradient) down the layers, writing each trainable
+// tensor's gradient into n.grads.
+func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int) {
+	for i := len(n.spec.Layers) - 1; i >= 0 && p.err == nil; i-- {
+		l := n.spec.Layers[i]
+		s := st[i]
+		switch l.Kind {
+		case model.Dense:
+			if gw, ok := n.gradOf(l.Weight); ok {
+				n.dev.Gemm(true, false, l.In, l.Out, rows, 1, s.in, dy, 0, gw)
+			}
+			if gb, ok := n.gradOf(l.Bias); ok {
+				n.dev.SumRows(gb, dy, rows, l.Out, false, 0)
+			}
+			if !n.needDx[i] {
+				return
+			}
+			dx := p.alloc(rows*l.In, n.dt)
+			if p.err != nil {
+				return
+			}
+			n.dev.Gemm(false, true, rows, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, dx)
+			dy = dx
+		case model.Conv2D:
+			c, hh, w := l.InShape[0], l.InShape[1], l.InShape[2]
+			ohw := l.OutShape[1] * l.OutShape[2]
+			ckk := c * l.Kernel * l.Kernel
+			dycm := p.alloc(l.Out*rows*ohw, n.dt)
+			if p.err != nil {
+				return
+			}
+			n.dev.Transpose01(dycm, dy, rows, l.Out, ohw)
+			if gw, ok := n.gradOf(l.Weight); ok {
+				n.dev.Gemm(false, true, l.Out, ckk, rows*ohw, 1, dycm, s.cols, 0, gw)
+			}
+			if gb, ok := n.gradOf(l.Bias); ok {
+				n.dev.SumRows(gb, dycm, l.Out, rows*ohw, true, 0)
+			}
+			if !n.needDx[i] {
+				return
+			}
+			dcols := p.alloc(ckk*rows*ohw, n.dt)
+			dx := p.alloc(rows*c*hh*w, n.dt)
+			if p.err != nil {
+				return
+			}
+			n.dev.Gemm(true, false, ckk, rows*ohw, l.Out, 1, n.tensor(l.Weight), dycm, 0, dcols)
+			n.dev.Col2Im(dx, dcols, rows, c, hh, w, l.Kernel, l.Pad)
+			dy = dx
+		case model.ReLU:
+			n.dev.ReLUGrad(dy, dy, s.out)
+		case model.MaxPool2:
+			dx := p.alloc(rows*prod(l.InShape), n.dt)
+			if p.err != nil {
+				return
+			}
+			n.dev.MaxPool2Grad(dx, dy, s.idx)
+			dy = dx
+		case model.Flatten:
+		}
+	}
+}
+
+// Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples and sums their loss
+// and correct predictions (the logits come back to the host: rows × classes values).
+func (n *Net) Evaluate(b *data.Batch) (model.EvalResult, error) {
+	in := prod(n.spec.Input)
+	if b.N < 0 || b.N > n.evalBS || b.SampleSize != in {
+		return model.EvalResult{}, fmt.Errorf("%w: evaluation takes up to %d samples of %d values, got %d of %d", ErrBatch, n.evalBS, in, b.N, b.SampleSize)
+	}
+	if b.N == 0 {
+		return model.EvalResult{}, nil
+	}
+	p := &pass{n: n}
+	defer p.free()
+	_, logits := n.forward(p, b, b.N)
+	if p.err != nil {
+		return model.EvalResult{}, fmt.Errorf("gpu: evaluation forward: %w", p.err)
+	}
+	classes := n.spec.Classes
+	z := make([]float32, b.N*classes)
+	if err := n.dev.Download(z, logits); err != nil {
+		return model.EvalResult{}, fmt.Errorf("gpu: evaluation forward: %w", err)
+	}
+	res := model.EvalResult{N: b.N}
+	for i := 0; i < b.N; i++ {
+		row := z[i*classes : (i+1)*classes]
+		y := int(b.Y[i])
+		if y < 0 || y >= classes {
+			return model.EvalResult{}, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
+		}
+		best, m := 0, row[0]
+		for c, v := range row {
+			if v > m {
+				best, m = c, v
+			}
+		}
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(float64(v - m))
+		}
+		res.LossSum += math.Log(sum) - float64(row[y]-m)
+		if best == y {
+			res.Correct++
+		}
+	}
+	return res, nil
+}
+
+func prod(s []int) int {
+	p := 1
+	for _, v := range s {
+		p *= v
+	}
+	return p
+}

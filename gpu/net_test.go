@@ -1,0 +1,268 @@
+package gpu
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/memory"
+	"github.com/qvd/qvd/model"
+)
+
+func randomBatch(n, size, classes int, seed uint64) *data.Batch {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	b := data.NewBatch(n, size)
+	for i := range b.X {
+		b.X[i] = float32(rng.NormFloat64())
+	}
+	for i := 0; i < n; i++ {
+		b.Y[i] = int32(rng.IntN(classes))
+	}
+	b.N = n
+	return b
+}
+
+// pair builds the CPU engine (gorgonia) and the GPU engine on dev over equal weights.
+func pair(t *testing.T, dev Device, cfg model.Config, input []int, classes, micro int, f half.Format, frozen func(string) bool) (*model.Net, *Net) {
+	t.Helper()
+	spec, err := model.NewSpec(cfg, input, classes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := model.NewLayoutFrozen(spec, frozen)
+	cpuW := make([]float32, layout.Size)
+	model.Init(spec, layout, cpuW, 11)
+	if f != half.FP32 {
+		round(cpuW, FromFormat(f))
+	}
+	gpuW := append([]float32(nil), cpuW...)
+	cpu, err := model.New(spec, layout, cpuW, model.Options{MicroBatch: micro, EvalBatch: micro, Grad: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cpu.Close() })
+	g, err := NewNet(NewAllocator(dev), spec, layout, gpuW, Options{MicroBatch: micro, EvalBatch: micro, Precision: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return cpu, g
+}
+
+// relErr is max|a−b| / max(max|a|, tiny).
+func relErr(a, b []float32) float64 {
+	var d, m float64
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+		m = math.Max(m, math.Abs(float64(a[i])))
+	}
+	return d / math.Max(m, 1e-30)
+}
+
+// TestNetMatchesCPUEngine is the check that keeps the two engines one model: the same spec,
+// weights and batch give the same loss, gradients (of loss × scale, accumulated over two
+// micro-batches) and evaluation on the GPU engine (here over the host reference device, on a
+// GPU over CUDA: see gpu/cuda) as on the gorgonia engine.
+func TestNetMatchesCPUEngine(t *testing.T) {
+	mlp := model.Config{Type: model.TypeMLP, Hidden: []int{32, 16}}
+	cnn := model.Config{Type: model.TypeCNN, Channels: []int{4, 6}, Kernel: 3, Hidden: []int{12}}
+	for _, tc := range []struct {
+		name  string
+		cfg   model.Config
+		input []int
+		f     half.Format
+		tol   float64
+	}{
+		{"mlp/fp32", mlp, []int{1, 8, 8}, half.FP32, 2e-5},
+		{"cnn/fp32", cnn, []int{2, 9, 10}, half.FP32, 2e-5},
+		// On the device activations are stored in half precision too; the CPU engine keeps
+		// them in fp32 and rounds only the weights and gradients.
+		{"mlp/fp16", mlp, []int{1, 8, 8}, half.FP16, 1e-2},
+		{"mlp/bf16", mlp, []int{1, 8, 8}, half.BF16, 6e-2},
+		{"cnn/bf16", cnn, []int{2, 9, 10}, half.BF16, 8e-2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const micro, classes = 5, 4
+			cpu, g := pair(t, NewHost(), tc.cfg, tc.input, classes, micro, tc.f, nil)
+			size := tc.input[0] * tc.input[1] * tc.input[2]
+			n := cpu.Layout().Trainable()
+			gc, gg := make([]float32, n), make([]float32, n)
+			for k := uint64(0); k < 2; k++ {
+				b := randomBatch(micro, size, classes, 3+k)
+				lc, err := cpu.ForwardBackward(b, 64, gc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lg, err := g.ForwardBackward(b, 64, gg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := math.Abs(float64(lc - lg)); d > tc.tol*math.Max(1, math.Abs(float64(lc))) {
+					t.Errorf("micro-batch %d: loss cpu %v gpu %v", k, lc, lg)
+				}
+			}
+			e := relErr(gc, gg)
+			t.Logf("gradient relative error %.3g", e)
+			if e > tc.tol {
+				t.Errorf("gradients differ: relative error %.3g > %.3g", e, tc.tol)
+			}
+			for _, tt := range cpu.Layout().Tensors {
+				var nz bool
+				for _, v := range gg[tt.Offset : tt.Offset+tt.Size] {
+					nz = nz || v != 0
+				}
+				if !nz {
+					t.Errorf("tensor %s has an all-zero gradient", tt.Name)
+				}
+			}
+			b := randomBatch(micro, size, classes, 9)
+			b.N = micro - 2 // a short last batch
+			rc, err := cpu.Evaluate(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rg, err := g.Evaluate(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.N != rg.N || math.Abs(rc.LossSum-rg.LossSum) > tc.tol*10*math.Max(1, rc.LossSum) {
+				t.Errorf("evaluation: cpu %+v gpu %+v", rc, rg)
+			}
+		})
+	}
+}
+
+// TestNetStreamAndFrozen checks the streamed gradient equals the accumulated one, that frozen
+// tensors get none, and that the gradient of the layers below a frozen prefix is not computed.
+func TestNetStreamAndFrozen(t *testing.T) {
+	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{16, 8}}
+	frozen := func(name string) bool { return name == "fc1.weight" || name == "fc1.bias" }
+	cpu, g := pair(t, NewHost(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, frozen)
+	b := randomBatch(4, 36, 3, 5)
+	n := cpu.Layout().Trainable()
+	want := make([]float32, n)
+	if _, err := cpu.ForwardBackward(b, 1, want); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, n)
+	last := -1
+	if _, err := g.ForwardBackwardStream(b, 1, func(off int, gr []float32) error {
+		if off <= last {
+			t.Errorf("offset %d after %d: not increasing", off, last)
+		}
+		last = off
+		copy(got[off:], gr)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(want, got); e > 2e-5 {
+		t.Fatalf("streamed gradient differs from the CPU engine's: %.3g", e)
+	}
+	if g.needDx[0] || g.needDx[1] {
+		t.Errorf("needDx = %v: the layers under the frozen fc1 need no input gradient", g.needDx)
+	}
+}
+
+// TestNetParamsSync checks that the device computes with the weights the trainer last wrote
+// and synced, not with stale ones.
+func TestNetParamsSync(t *testing.T) {
+	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
+	cpu, g := pair(t, NewHost(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
+	b := randomBatch(3, 16, 3, 1)
+	for i := range cpu.Params() {
+		cpu.Params()[i] *= 0.5
+		g.Params()[i] *= 0.5
+	}
+	if err := g.SyncParams(); err != nil {
+		t.Fatal(err)
+	}
+	rc, _ := cpu.Evaluate(b)
+	rg, err := g.Evaluate(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(rc.LossSum-rg.LossSum) > 1e-5 {
+		t.Fatalf("after SyncParams: cpu loss %v, gpu %v", rc.LossSum, rg.LossSum)
+	}
+}
+
+// TestNetOutOfMemory checks an allocation failure in the middle of a micro-batch is an
+// error wrapping memory.ErrOutOfMemory, leaks nothing, and the next micro-batch works.
+func TestNetOutOfMemory(t *testing.T) {
+	cfg := model.Config{Type: model.TypeCNN, Channels: []int{3}, Kernel: 3, Hidden: []int{8}}
+	_, g := pair(t, NewHost(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, nil)
+	b := randomBatch(4, 36, 3, 2)
+	grads := make([]float32, g.Layout().Trainable())
+	if _, err := g.ForwardBackward(b, 1, grads); err != nil {
+		t.Fatal(err)
+	}
+	base := g.Allocator().Stats()
+	for k := 1; k <= 8; k++ {
+		g.Allocator().FailAfter(k)
+		_, err := g.ForwardBackward(b, 1, grads)
+		if !errors.Is(err, memory.ErrOutOfMemory) {
+			t.Fatalf("failure at allocation %d: err = %v, want ErrOutOfMemory", k, err)
+		}
+		if s := g.Allocator().Stats(); s.Allocated != base.Allocated {
+			t.Fatalf("after a failed micro-batch %d bytes are allocated, %d before", s.Allocated, base.Allocated)
+		}
+	}
+	g.Allocator().ClearFailure()
+	if _, err := g.ForwardBackward(b, 1, grads); err != nil {
+		t.Fatalf("after the failures: %v", err)
+	}
+	// A real device limit: a host device too small for the activations.
+	spec, _ := model.NewSpec(cfg, []int{1, 6, 6}, 3)
+	layout := model.NewLayout(spec)
+	w := make([]float32, layout.Size)
+	small, err := NewNet(NewAllocator(NewHostLimit(uint64(layout.Size*4*2+2048))), spec, layout, w, Options{MicroBatch: 4, EvalBatch: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := small.ForwardBackward(b, 1, grads); !errors.Is(err, memory.ErrOutOfMemory) {
+		t.Fatalf("on a full device: err = %v, want ErrOutOfMemory", err)
+	}
+}
+
+func TestNetBadBatch(t *testing.T) {
+	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
+	_, g := pair(t, NewHost(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
+	grads := make([]float32, g.Layout().Trainable())
+	if _, err := g.ForwardBackward(randomBatch(2, 16, 3, 1), 1, grads); !errors.Is(err, ErrBatch) {
+		t.Errorf("short batch: %v", err)
+	}
+	b := randomBatch(3, 16, 3, 1)
+	b.Y[1] = 7
+	if _, err := g.ForwardBackward(b, 1, grads); !errors.Is(err, ErrBatch) {
+		t.Errorf("bad label: %v", err)
+	}
+	if _, err := g.Evaluate(b); !errors.Is(err, ErrBatch) {
+		t.Errorf("bad label in evaluation: %v", err)
+	}
+}
+
+func TestConfigAndOpen(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Config{{Type: "tpu"}, {Type: "cuda", Ordinal: -2}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+	d, err := Open(Config{Type: "reference", Ordinal: -1}, 3)
+	if err != nil || d == nil {
+		t.Fatalf("reference: %v", err)
+	}
+	if _, ok := backends["cuda"]; !ok {
+		_, err := Open(Config{Type: "cuda", Ordinal: -1}, 0)
+		if err == nil || !strings.Contains(err.Error(), "-tags cuda") {
+			t.Fatalf("cuda without the backend: %v", err)
+		}
+	}
+}
