@@ -99,3 +99,12 @@ func (k *adamPass) Range(lo, hi int) {
 		vec.AdamW(p, g, m, v, &k.c)
 	}
 }
+
+// AdamWConsts returns the constants of AdamW step t (1-based) for cfg — AdamW, or Adam
+// without weight decay, which is the same update — computed exactly as the CPU optimizer
+// computes them, so a device kernel given them produces the same bits.
+func AdamWConsts(cfg Config, t int64, lr, gradScale float32) vec.AdamConsts {
+	c := adamConsts(cfg)
+	setStepConsts(&c, cfg.Betas[0], cfg.Betas[1], cfg.WeightDecay, cfg.Type == TypeAdamW, t, lr, gradScale)
+	return c
+}
