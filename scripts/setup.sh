@@ -2,9 +2,28 @@
 # Installs what qvd needs on a Debian/Ubuntu machine and builds bin/qvd.
 #   - libopenblas-dev: the BLAS gorgonia's matrix products run on (cgo build)
 #   - dataset-fashion-mnist: the real Fashion-MNIST in IDX format under /usr/share/datasets/fashion-mnist
+#   with --cuda also nvidia-cuda-dev (CUDA 11.8 headers, from Debian's non-free component,
+#   which this enables): what `go build -tags cuda` (the GPU engine) compiles against
 # Go (>= 1.26) must be on PATH; modules come from the Go module proxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cuda=0
+[ "${1:-}" = "--cuda" ] && cuda=1
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+if ((cuda)) && ! dpkg-query -W -f='${Status}' nvidia-cuda-dev 2>/dev/null | grep -q "install ok installed"; then
+  # Debian keeps the CUDA toolkit in non-free; enable contrib and non-free where the
+  # deb822 sources file lists only main.
+  src=/etc/apt/sources.list.d/debian.sources
+  if [ -f "$src" ] && grep -q '^Components: main$' "$src"; then
+    $sudo sed -i 's/^Components: main$/Components: main contrib non-free/' "$src"
+  fi
+  echo "setup: installing nvidia-cuda-dev (CUDA headers for -tags cuda; about 2.8 GB)"
+  $sudo apt-get update -qq
+  # --no-install-recommends: the recommended driver packages would build a kernel module.
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nvidia-cuda-dev
+fi
 
 pkgs=(libopenblas-dev dataset-fashion-mnist gcc)
 missing=()
@@ -12,8 +31,6 @@ for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get install -y --no-install-recommends "${missing[@]}" \
