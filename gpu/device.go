@@ -133,7 +133,7 @@ type Device interface {
 	Upload(dst Buf, src []float32)
 	UploadInt32(dst Buf, src []int32)
 	// Download waits for the queued work and copies src into dst (len(dst) == src.N),
-	// converting to float32; it returns the first error of the queue.
+	// converting to float32; it returns the first error of the queue and clears it, as Sync.
 	Download(dst []float32, src Buf) error
 	// Fill sets every element of b to v.
 	Fill(b Buf, v float32)
@@ -142,7 +142,8 @@ type Device interface {
 
 	// Gemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices: op(A) is m×k
 	// (A is k×m when transA), op(B) is k×n (B is n×k when transB), C is m×n. The leading
-	// dimensions are those of contiguous row-major storage.
+	// dimensions are those of contiguous row-major storage. With beta 0, C is not read (as in
+	// BLAS: whatever it held, NaN included, does not matter); the same holds for SumRows.
 	Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf)
 
 	// AddBias adds bias to a rows×cols matrix y: bias[c] to every row when perRow is false,

@@ -1,3 +1,5 @@
+//go:build !cuda
+
 package model
 
 import (
@@ -14,23 +16,6 @@ import (
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/vec"
 )
-
-// Options sizes the two graphs of a Net.
-type Options struct {
-	MicroBatch int         // samples per ForwardBackward
-	EvalBatch  int         // samples per Evaluate call (the last call of a pass may hold fewer)
-	Grad       half.Format // working precision gradients are rounded to
-	// Segments > 1 turns on activation checkpointing with that many segments (see
-	// checkpoint.go); 0 or 1 builds one training graph. At most len(spec.ParamLayers()).
-	Segments int
-}
-
-// EvalResult sums a forward-only pass over the valid rows of a batch.
-type EvalResult struct {
-	LossSum float64 // sum over samples of the cross-entropy loss
-	Correct int     // samples whose arg-max logit is the label
-	N       int     // samples evaluated
-}
 
 // Net is a Spec compiled into gorgonia graphs whose parameters are views of a flat buffer.
 type Net struct {
@@ -242,9 +227,6 @@ func (n *Net) MicroBatch() int { return n.micro }
 
 // EvalBatch is the evaluation graph's batch size.
 func (n *Net) EvalBatch() int { return n.eval.bs }
-
-// ErrBatch reports a batch that does not fit the graph.
-var ErrBatch = errors.New("model: batch does not match the graph")
 
 // ForwardBackward runs one micro-batch (b.N must equal MicroBatch) and adds the gradient of
 // loss×scale into grads (len Layout().Trainable(): offsets count from Layout().Frozen, the

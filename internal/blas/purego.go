@@ -1,4 +1,4 @@
-//go:build !cgo
+//go:build !cgo || cuda
 
 package blas
 
@@ -7,7 +7,8 @@ import (
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// Use keeps gonum's pure-Go BLAS (no cgo in this build) and returns its name.
+// Use keeps gonum's pure-Go BLAS (no cgo in this build, or a -tags cuda build, which has no
+// gorgonia engine to hand OpenBLAS to) and returns its name.
 func Use() string { return "gonum (pure Go)" }
 
 // SetThreads is a no-op: gonum's BLAS sizes its own parallelism.

@@ -1,0 +1,187 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/gpu/cuda/kernels"
+)
+
+// Block shapes, as kernels.cu defines them (THREADS, TILE).
+const (
+	threads = 256
+	tile    = 32
+)
+
+// kernelKey names an entry point: op_a for one type (b = 0), op_a_b for two.
+type kernelKey struct {
+	op   string
+	a, b gpu.DType
+}
+
+var typeOfSuffix = map[string]gpu.DType{"f32": gpu.F32, "f16": gpu.F16, "bf16": gpu.BF16}
+
+// loadKernels looks up every entry point of the module.
+func (d *Device) loadKernels() error {
+	d.kern = make(map[kernelKey]cu.Function)
+	get := func(k kernelKey, types ...string) error {
+		name := kernels.Name(k.op, types...)
+		f, err := d.mod.Function(name)
+		if err != nil {
+			return fmt.Errorf("cuModuleGetFunction(%s): %w", name, err)
+		}
+		d.kern[k] = f
+		return nil
+	}
+	for _, op := range kernels.Unary {
+		for _, t := range kernels.Types {
+			if err := get(kernelKey{op, typeOfSuffix[t], 0}, t); err != nil {
+				return err
+			}
+		}
+	}
+	for _, op := range kernels.Binary {
+		for _, a := range kernels.Types {
+			for _, b := range kernels.Types {
+				if err := get(kernelKey{op, typeOfSuffix[a], typeOfSuffix[b]}, a, b); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// kernel returns the entry point of op for types a (and b), latching an error naming the
+// operation when there is none (a non-float type).
+func (d *Device) kernel(what, op string, a, b gpu.DType) (cu.Function, bool) {
+	f, ok := d.kern[kernelKey{op, a, b}]
+	if !ok {
+		types := a.String()
+		if b != 0 {
+			types += ", " + b.String()
+		}
+		d.need(false, what, "no kernel for element types %s", types)
+	}
+	return f, ok
+}
+
+// bufs latches an error naming op unless every non-empty view has an allocation and a
+// type: a kernel given address 0 faults, and a fault loses the context for good.
+func (d *Device) bufs(op string, bs ...gpu.Buf) bool {
+	for i, b := range bs {
+		if b.N < 0 || b.Off < 0 || b.N > 0 && !b.Valid() {
+			return d.need(false, op, "buffer argument %d is not a view of an allocation (%+v)", i+1, b)
+		}
+	}
+	return true
+}
+
+// blocks is the grid of a grid-stride launch over n items, per items per block.
+func (d *Device) blocks(n, per int) int {
+	return int(min(int64(n+per-1)/int64(per), int64(d.maxBlocks)))
+}
+
+// launch queues f on the compute stream with a grid of gx blocks of bx × by threads. Every
+// argument is passed as an 8-byte word (cu's Launch copies 8 bytes per parameter; a 4-byte
+// parameter reads the low half, as the ABI is little-endian): use ptr, i64 and f32.
+func (d *Device) launch(what string, f cu.Function, gx, bx, by int, args ...uint64) {
+	if gx <= 0 {
+		return
+	}
+	kp := make([]unsafe.Pointer, len(args))
+	for i := range args {
+		kp[i] = unsafe.Pointer(&args[i])
+	}
+	d.check(what, f.Launch(gx, 1, 1, bx, by, 1, 0, d.stream, kp))
+}
+
+func ptr(b gpu.Buf) uint64 { return b.Addr() }
+func i64(n int) uint64     { return uint64(int64(n)) }
+func f32(x float32) uint64 { return uint64(math.Float32bits(x)) }
+
+func flag(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// stageChunk is the size of one pinned staging chunk: large enough for the copy engines'
+// full rate, small enough that two of them pin little host memory.
+const stageChunk = 8 << 20
+
+// stager moves host data through two pinned chunks, so that filling or draining one
+// overlaps the copy of the other, and a chunk is never rewritten while a queued copy may
+// still read it: each chunk's event marks its last copy.
+type stager struct {
+	slot [2]pinned
+	ev   [2]cu.Event
+	busy [2]bool
+	next int
+}
+
+func (s *stager) init() error {
+	for i := range s.ev {
+		ev, err := cu.MakeEvent(cu.DisableTiming)
+		if err != nil {
+			return fmt.Errorf("cuEventCreate: %w", err)
+		}
+		s.ev[i] = ev
+	}
+	return nil
+}
+
+// take returns the next chunk, once its last copy has completed, allocating it on first use.
+func (s *stager) take() (int, *pinned, error) {
+	i := s.next
+	s.next ^= 1
+	if err := s.wait(i); err != nil {
+		return i, nil, err
+	}
+	if s.slot[i].p == nil {
+		if err := s.slot[i].alloc(stageChunk); err != nil {
+			return i, nil, err
+		}
+	}
+	return i, &s.slot[i], nil
+}
+
+// queued records that a copy using chunk i was queued on stream.
+func (s *stager) queued(i int, stream cu.Stream) error {
+	if err := s.ev[i].Record(stream); err != nil {
+		return fmt.Errorf("cuEventRecord: %w", err)
+	}
+	s.busy[i] = true
+	return nil
+}
+
+// wait blocks until chunk i's last copy has completed.
+func (s *stager) wait(i int) error {
+	if !s.busy[i] {
+		return nil
+	}
+	if err := s.ev[i].Synchronize(); err != nil {
+		return fmt.Errorf("cuEventSynchronize: %w", err)
+	}
+	s.busy[i] = false
+	return nil
+}
+
+// free waits for the chunks' copies and frees them and the events.
+func (s *stager) free() {
+	for i := range s.slot {
+		if s.ev[i] != (cu.Event{}) {
+			s.wait(i)
+			cu.DestroyEvent(&s.ev[i])
+		}
+		s.slot[i].free()
+		s.busy[i] = false
+	}
+}
