@@ -46,6 +46,7 @@ type Net struct {
 	// parameter lies below it).
 	needDx []bool
 	syncs  int64
+	adam   *Adam // the device optimizer (EnableDeviceOptimizer), nil with offload
 }
 
 // NewNet places spec's parameters (params, len layout.Size, which the caller owns and
@@ -111,8 +112,12 @@ func (n *Net) EvalBatch() int { return n.evalBS }
 func (n *Net) Allocator() *Allocator { return n.alloc }
 
 // SyncParams copies the host working weights to the device (host → device, in the working
-// precision). The trainer calls it after every write to Params.
+// precision). The trainer calls it after every write to Params. With the device optimizer the
+// device's weights are the ones that are current and it does nothing (PushState loads them).
 func (n *Net) SyncParams() error {
+	if n.adam != nil {
+		return nil
+	}
 	n.dev.Upload(n.params, n.host)
 	n.syncs++
 	if err := n.dev.Sync(); err != nil {
@@ -130,6 +135,10 @@ func (n *Net) DeviceMemory() map[string]int64 {
 
 // Close frees the device buffers (not the allocator or device, which the caller owns).
 func (n *Net) Close() error {
+	if n.adam != nil {
+		n.adam.Close()
+		n.adam = nil
+	}
 	n.alloc.Free(n.params)
 	n.alloc.Free(n.grads)
 	n.params, n.grads = Buf{}, Buf{}
@@ -215,6 +224,20 @@ type layerState struct {
 
 // step runs forward and backward on b and leaves the gradient in n.gbuf.
 func (n *Net) step(b *data.Batch, scale float32) (float32, error) {
+	loss, err := n.run(b, scale, 0)
+	if err != nil {
+		return 0, err
+	}
+	if err := n.dev.Download(n.gbuf, n.grads); err != nil {
+		return 0, fmt.Errorf("gpu: copying the gradient to the host: %w", err)
+	}
+	return loss, nil
+}
+
+// run runs forward and backward on b, setting the device gradient to beta × itself plus the
+// micro-batch's gradient of loss × scale (beta 0: overwrite; 1: accumulate), and returns the
+// mean loss.
+func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 	in := prod(n.spec.Input)
 	if b.N != n.micro || b.SampleSize != in {
 		return 0, fmt.Errorf("%w: training takes %d samples of %d values, got %d of %d", ErrBatch, n.micro, in, b.N, b.SampleSize)
@@ -236,16 +259,13 @@ func (n *Net) step(b *data.Batch, scale float32) (float32, error) {
 	}
 	// d(mean CE × scale)/dlogits, written over the logits (no longer needed).
 	n.dev.SoftmaxXent(logits, loss, logits, labels, rows, classes, scale/float32(rows))
-	n.backward(p, st, logits, rows)
+	n.backward(p, st, logits, rows, beta)
 	if p.err != nil {
 		return 0, fmt.Errorf("gpu: backward: %w", p.err)
 	}
 	lossv := make([]float32, rows)
 	if err := n.dev.Download(lossv, loss); err != nil {
 		return 0, fmt.Errorf("gpu: forward/backward: %w", err)
-	}
-	if err := n.dev.Download(n.gbuf, n.grads); err != nil {
-		return 0, fmt.Errorf("gpu: copying the gradient to the host: %w", err)
 	}
 	var sum float64
 	for _, v := range lossv {
@@ -347,64 +367,82 @@ func (n *Net) forward(p *pass, b *data.Batch, rows int) ([]layerState, Buf) {
 	return st, h
 }
 
-// backward propagates dy (the logits' gradient) down the layers, writing each trainable
-// tensor's gradient into n.grads.
-func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int) {
+// bwdBufs is one layer's backward workspace.
+type bwdBufs struct{ dx, dycm, dcols Buf }
+
+// backwardBuffers allocates the whole backward pass's workspace before any gradient is
+// written, so an out-of-memory failure never leaves a gradient half accumulated.
+func (n *Net) backwardBuffers(p *pass, rows int) []bwdBufs {
+	ws := make([]bwdBufs, len(n.spec.Layers))
 	for i := len(n.spec.Layers) - 1; i >= 0 && p.err == nil; i-- {
 		l := n.spec.Layers[i]
-		s := st[i]
+		switch l.Kind {
+		case model.Dense:
+			if !n.needDx[i] {
+				return ws
+			}
+			ws[i].dx = p.alloc(rows*l.In, n.dt)
+		case model.Conv2D:
+			ohw := l.OutShape[1] * l.OutShape[2]
+			ckk := l.InShape[0] * l.Kernel * l.Kernel
+			ws[i].dycm = p.alloc(l.Out*rows*ohw, n.dt)
+			if !n.needDx[i] {
+				return ws
+			}
+			ws[i].dcols = p.alloc(ckk*rows*ohw, n.dt)
+			ws[i].dx = p.alloc(rows*prod(l.InShape), n.dt)
+		case model.MaxPool2:
+			ws[i].dx = p.alloc(rows*prod(l.InShape), n.dt)
+		}
+	}
+	return ws
+}
+
+// backward propagates dy (the logits' gradient) down the layers, setting each trainable
+// tensor's gradient in n.grads to beta × itself plus this pass's.
+func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32) {
+	ws := n.backwardBuffers(p, rows)
+	if p.err != nil {
+		return
+	}
+	for i := len(n.spec.Layers) - 1; i >= 0; i-- {
+		l := n.spec.Layers[i]
+		s, w := st[i], ws[i]
 		switch l.Kind {
 		case model.Dense:
 			if gw, ok := n.gradOf(l.Weight); ok {
-				n.dev.Gemm(true, false, l.In, l.Out, rows, 1, s.in, dy, 0, gw)
+				n.dev.Gemm(true, false, l.In, l.Out, rows, 1, s.in, dy, beta, gw)
 			}
 			if gb, ok := n.gradOf(l.Bias); ok {
-				n.dev.SumRows(gb, dy, rows, l.Out, false, 0)
+				n.dev.SumRows(gb, dy, rows, l.Out, false, beta)
 			}
 			if !n.needDx[i] {
 				return
 			}
-			dx := p.alloc(rows*l.In, n.dt)
-			if p.err != nil {
-				return
-			}
-			n.dev.Gemm(false, true, rows, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, dx)
-			dy = dx
+			n.dev.Gemm(false, true, rows, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, w.dx)
+			dy = w.dx
 		case model.Conv2D:
-			c, hh, w := l.InShape[0], l.InShape[1], l.InShape[2]
+			c, hh, ww := l.InShape[0], l.InShape[1], l.InShape[2]
 			ohw := l.OutShape[1] * l.OutShape[2]
 			ckk := c * l.Kernel * l.Kernel
-			dycm := p.alloc(l.Out*rows*ohw, n.dt)
-			if p.err != nil {
-				return
-			}
-			n.dev.Transpose01(dycm, dy, rows, l.Out, ohw)
+			n.dev.Transpose01(w.dycm, dy, rows, l.Out, ohw)
 			if gw, ok := n.gradOf(l.Weight); ok {
-				n.dev.Gemm(false, true, l.Out, ckk, rows*ohw, 1, dycm, s.cols, 0, gw)
+				n.dev.Gemm(false, true, l.Out, ckk, rows*ohw, 1, w.dycm, s.cols, beta, gw)
 			}
 			if gb, ok := n.gradOf(l.Bias); ok {
-				n.dev.SumRows(gb, dycm, l.Out, rows*ohw, true, 0)
+				n.dev.SumRows(gb, w.dycm, l.Out, rows*ohw, true, beta)
 			}
 			if !n.needDx[i] {
 				return
 			}
-			dcols := p.alloc(ckk*rows*ohw, n.dt)
-			dx := p.alloc(rows*c*hh*w, n.dt)
-			if p.err != nil {
-				return
-			}
-			n.dev.Gemm(true, false, ckk, rows*ohw, l.Out, 1, n.tensor(l.Weight), dycm, 0, dcols)
-			n.dev.Col2Im(dx, dcols, rows, c, hh, w, l.Kernel, l.Pad)
-			dy = dx
+			n.dev.Gemm(true, false, ckk, rows*ohw, l.Out, 1, n.tensor(l.Weight), w.dycm, 0, w.dcols)
+			n.dev.Col2Im(w.dx, w.dcols, rows, c, hh, ww, l.Kernel, l.Pad)
+			dy = w.dx
 		case model.ReLU:
 			n.dev.ReLUGrad(dy, dy, s.out)
 		case model.MaxPool2:
-			dx := p.alloc(rows*prod(l.InShape), n.dt)
-			if p.err != nil {
-				return
-			}
-			n.dev.MaxPool2Grad(dx, dy, s.idx)
-			dy = dx
+			n.dev.MaxPool2Grad(w.dx, dy, s.idx)
+			dy = w.dx
 		case model.Flatten:
 		}
 	}

@@ -86,6 +86,9 @@ func (t *Trainer) halveMicroBatch() error {
 			zap.Int("micro_batch", m), zap.Int("accum", t.cfg.Accum))
 		return nil
 	}
+	if err := t.pullDevice(); err != nil { // the device state goes with the old model
+		return err
+	}
 	next, err := a.rebuild(m / 2)
 	if err != nil {
 		return fmt.Errorf("rebuilding the model at micro-batch %d: %w", m/2, err)
@@ -97,6 +100,15 @@ func (t *Trainer) halveMicroBatch() error {
 		_ = c.Close()
 	}
 	t.model = next
+	if t.dev != nil {
+		t.dev = nil
+		if err := t.enableDeviceStep(); err != nil {
+			return err
+		}
+		if err := t.pushDevice(); err != nil {
+			return err
+		}
+	}
 	t.cfg.MicroBatch, t.cfg.Accum = m/2, t.cfg.Accum*2
 	t.batch = data.NewBatch(t.cfg.MicroBatch, t.train.SampleSize())
 	a.streak = 0

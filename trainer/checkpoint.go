@@ -130,6 +130,9 @@ func (t *Trainer) shardOf(r int) (lo, hi int) {
 // commits once all have succeeded. After each phase the ranks agree on success, so a failed
 // save fails every rank together and publishes nothing.
 func (t *Trainer) save(cctx context.Context) error {
+	if err := t.pullDevice(); err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", t.step, err)
+	}
 	trainable, err := t.eng.FullMaster(cctx)
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", t.step, err)

@@ -39,7 +39,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
 		}
 		fb := t.beginPhase(memory.PhaseForwardBackward)
-		loss, err := t.microBatch(cctx, lossMul)
+		loss, err := t.microBatch(cctx, lossMul, ran == 0)
 		fb.end()
 		if errors.Is(err, memory.ErrOutOfMemory) {
 			if err := t.skipMicroBatch(j, err); err != nil {
@@ -55,7 +55,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		ran++
 	}
 	comm := t.beginPhase(memory.PhaseCommunication)
-	if err := t.eng.Reduce(cctx); err != nil {
+	if err := t.reduceGrads(cctx, ran); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
 	// The loss (for logging), the stop request and a request to adapt the micro-batch travel
@@ -78,7 +78,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	// One pass gives both the norm and the overflow check: any Inf/NaN makes the sum
 	// non-finite. The sum is identical on every rank (the same gradient bits at stages 0-1,
 	// the all-reduced sum of the shards' sums at stage 2), so every rank decides alike.
-	sumsq, err := t.eng.SumSquares(cctx)
+	sumsq, err := t.sumSquares(cctx, scale)
 	if err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
@@ -114,7 +114,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		}
 		lr := t.optCfg.LR * t.sched.Factor(t.eng.Optimizer().Steps(), t.totalSteps)
 		opt := t.beginPhase(memory.PhaseOptimizer)
-		if err := t.eng.Step(cctx, float32(lr), float32(gradScale)); err != nil {
+		if err := t.optimizerStep(cctx, float32(lr), gradScale, scale); err != nil {
 			return false, fmt.Errorf("step %d: %w", t.step, err)
 		}
 		opt.end()
@@ -143,7 +143,10 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 // microBatch runs the forward and backward pass of the filled micro-batch, its gradient going
 // into the engine: added into the full gradient buffer at stages 0-1, streamed bucket by bucket
 // into the reduce-scatter at stage 2.
-func (t *Trainer) microBatch(cctx context.Context, lossMul float32) (float32, error) {
+func (t *Trainer) microBatch(cctx context.Context, lossMul float32, first bool) (float32, error) {
+	if t.dev != nil {
+		return t.dev.AccumulateMicro(t.batch, lossMul, first)
+	}
 	if g := t.eng.Micro(); g != nil {
 		return t.model.ForwardBackward(t.batch, lossMul, g)
 	}
@@ -238,8 +241,58 @@ type ParamSyncer interface {
 }
 
 func (t *Trainer) syncModel() error {
+	if t.dev != nil {
+		return nil // the device's weights are the current ones
+	}
 	if s, ok := t.model.(ParamSyncer); ok {
 		return s.SyncParams()
 	}
+	return nil
+}
+
+// reduceGrads averages the step's gradient across the group: the engine's bucketed reduce on
+// the host, or the device gradient's. ran is how many micro-batches of this rank ran (with
+// none, the device gradient holds nothing of this step: it is zeroed first, so the rank adds
+// nothing to the average, as the host path's cleared buffer does).
+func (t *Trainer) reduceGrads(cctx context.Context, ran int) error {
+	if t.dev == nil {
+		return t.eng.Reduce(cctx)
+	}
+	if ran == 0 {
+		if err := t.dev.ZeroGrads(); err != nil {
+			return err
+		}
+	}
+	return t.dev.ReduceGrads(cctx, t.comm, t.format)
+}
+
+// sumSquares returns Σ g² of the reduced gradient, loss scale included (non-finite on
+// overflow). On the device the check also unscales the gradient in place; the result is
+// scaled back so both paths report the same quantity.
+func (t *Trainer) sumSquares(cctx context.Context, scale float64) (float64, error) {
+	if t.dev == nil {
+		return t.eng.SumSquares(cctx)
+	}
+	overflow, s, err := t.dev.CheckGrads(float32(1 / scale))
+	if err != nil {
+		return 0, err
+	}
+	if overflow {
+		return math.Inf(1), nil
+	}
+	return s * scale * scale, nil
+}
+
+// optimizerStep applies the optimizer with gradScale (1/loss scale × the clipping factor):
+// on the host engine, or on the device, whose gradient is already unscaled.
+func (t *Trainer) optimizerStep(cctx context.Context, lr float32, gradScale, scale float64) error {
+	if t.dev == nil {
+		return t.eng.Step(cctx, lr, float32(gradScale))
+	}
+	steps, err := t.dev.StepDevice(lr, float32(gradScale*scale))
+	if err != nil {
+		return err
+	}
+	t.eng.Optimizer().SetSteps(steps) // the LR schedule and checkpoints count steps there
 	return nil
 }

@@ -198,6 +198,7 @@ type Trainer struct {
 	mon      *memory.Monitor // nil: no monitor
 	monState monitorState
 	adapt    adaptState
+	dev      DeviceStepper // the model, when the step runs on its device (nil: on the host)
 	prefetch prefetchState
 	emaStep  float64 // smoothed seconds per step, for ETA
 
@@ -312,6 +313,10 @@ func New(s Setup) (*Trainer, error) {
 			return nil, err
 		}
 	}
+	if err := t.enableDeviceStep(); err != nil {
+		t.Close()
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -375,6 +380,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	if err := t.syncFromRank0(cctx); err != nil {
 		return res, t.abortCause(cctx, err)
 	}
+	if err := t.pushDevice(); err != nil {
+		return res, err
+	}
 	t.log.Info("training",
 		zap.Int("params", t.layout.NumParams()), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
 		zap.Int("world", t.world), zap.Int("global_batch", t.global), zap.Int("steps_per_epoch", t.stepsPerEpoch),
@@ -423,6 +431,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		if err := t.save(cctx); err != nil {
 			return res, t.abortCause(cctx, err)
 		}
+	}
+	if err := t.pullDevice(); err != nil {
+		return res, err
 	}
 	t.fill(&res)
 	return res, nil
@@ -497,6 +508,9 @@ func (t *Trainer) interrupt(cctx context.Context, res Result, cause error) (Resu
 		if err := t.save(cctx); err != nil {
 			return res, errors.Join(cause, err)
 		}
+	}
+	if err := t.pullDevice(); err != nil {
+		return res, errors.Join(cause, err)
 	}
 	t.fill(&res)
 	res.Interrupted = true

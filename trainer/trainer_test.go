@@ -88,6 +88,8 @@ type testRun struct {
 	freeze func(name string) bool
 	// prepare may edit the initial parameters before the trainer is built.
 	prepare func(l *model.Layout, params []float32)
+	// newModel, if set, builds the model instead of the gorgonia engine (the GPU engine).
+	newModel func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model
 }
 
 func defaultRun() testRun {
@@ -126,11 +128,17 @@ func (r testRun) buildWith(t *testing.T, sink MetricsSink, resume *checkpoint.Ch
 	if r.prepare != nil {
 		r.prepare(layout, params)
 	}
-	net, err := model.New(spec, layout, params, model.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Grad: r.cfg.Format()})
-	if err != nil {
-		t.Fatal(err)
+	var net Model
+	if r.newModel != nil {
+		net = r.newModel(t, spec, layout, params)
+	} else {
+		n, err := model.New(spec, layout, params, model.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Grad: r.cfg.Format()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		net = n
 	}
-	t.Cleanup(func() { net.Close() })
 	ck := checkpoint.Config{Dir: r.ckptDir, EverySteps: r.everySteps, Keep: 0}
 	tr, err := New(Setup{
 		Config: r.cfg, Schedule: r.sched, Scaler: r.scaler, Optimizer: r.opt, Zero: r.zero, Checkpoint: ck, Seed: r.seed,

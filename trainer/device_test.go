@@ -1,0 +1,163 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/qvd/qvd/checkpoint"
+	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/model"
+)
+
+// gpuModel makes testRun build the GPU engine over the reference device.
+func gpuModel(r testRun) func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+	return func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+		t.Helper()
+		n, err := gpu.NewNet(gpu.NewAllocator(gpu.NewHost()), spec, layout, params,
+			gpu.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+}
+
+// TestDeviceStepMatchesHostStep: the GPU engine with the optimizer on the device (stage 0,
+// no offload: gradient accumulation, unscale + overflow check, clipping and the fused AdamW
+// all on the device) takes the steps the CPU engine with the host optimizer takes; with
+// offload the GPU engine steps on the host instead, and matches too.
+func TestDeviceStepMatchesHostStep(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		prec    string
+		offload bool
+		tol     float64
+	}{{"fp32", "fp32", false, 2e-6}, {"fp32-offload", "fp32", true, 2e-6}, {"bf16", "bf16", false, 5e-3}, {"fp16", "fp16", false, 2e-3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := defaultRun()
+			base.cfg.Precision = tc.prec
+			base.cfg.MicroBatch, base.cfg.Accum = 16, 2
+			base.cfg.MaxGradNorm = 0.5
+			base.cfg.MaxSteps = 9
+			// fp16: a huge initial scale overflows in the first steps, so skipping and backing
+			// off must happen alike on the device.
+			base.scaler.InitialScalePower, base.scaler.Window = 22, 4
+			if tc.prec == "fp16" {
+				base.cfg.MaxSteps = 20
+			}
+			if tc.offload {
+				base.zero.OffloadOptimizer.Device = "cpu"
+			}
+			host := &recorder{}
+			th := base.build(t, host, nil)
+			rh, err := th.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := base
+			g.newModel = gpuModel(g)
+			dev := &recorder{}
+			td := g.build(t, dev, nil)
+			if (td.dev != nil) == tc.offload {
+				t.Fatalf("device step on = %v with offload %v", td.dev != nil, tc.offload)
+			}
+			rd, err := td.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rh.Steps != rd.Steps || rh.Skipped != rd.Skipped || rh.OptimizerSteps != rd.OptimizerSteps {
+				t.Fatalf("host run %d steps (%d skipped, %d optimizer), device %d (%d, %d)", rh.Steps, rh.Skipped, rh.OptimizerSteps, rd.Steps, rd.Skipped, rd.OptimizerSteps)
+			}
+			if tc.prec == "fp16" && (rd.Skipped == 0 || rd.OptimizerSteps < 5) {
+				t.Fatalf("fp16 run: %d skipped, %d optimizer steps: the overflow path or training was not exercised", rd.Skipped, rd.OptimizerSteps)
+			}
+			d, at := maxAbsDiff(th.Master(), td.Master())
+			t.Logf("max |master_host - master_device| = %.3g (at %d)", d, at)
+			if d > tc.tol {
+				t.Fatalf("master weights differ by %g at %d", d, at)
+			}
+			moved, _ := maxAbsDiff(td.Master(), g.build(t, nil, nil).Master())
+			if moved < 1e-3 {
+				t.Fatalf("weights barely moved (%g)", moved)
+			}
+			// The host copy of the working weights was brought back at the end.
+			if d, _ := maxAbsDiff(td.params[td.layout.Frozen:], td.Master()); tc.prec == "fp32" && d != 0 {
+				t.Fatalf("working weights on the host are stale: %g from the master", d)
+			}
+		})
+	}
+}
+
+// TestDeviceStepResume: a device-step run interrupted and resumed from its checkpoint ends
+// with the uninterrupted run's weights bit for bit (the device state goes into the checkpoint
+// and comes back).
+func TestDeviceStepResume(t *testing.T) {
+	r := defaultRun()
+	r.cfg.Precision = "bf16"
+	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
+	r.cfg.MaxSteps = 11
+	r.newModel = gpuModel(r)
+	tf := r.build(t, nil, nil)
+	if _, err := tf.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.ckptDir = t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	first := &recorder{after: func(rec metrics.Record) {
+		if rec.Kind == metrics.KindTrain && rec.Step == 6 {
+			cancel()
+		}
+	}}
+	if res, err := r.build(t, first, nil).Run(ctx); !errors.Is(err, context.Canceled) || res.Steps != 6 {
+		t.Fatalf("interrupted run: %v at step %d", err, res.Steps)
+	}
+	ck, _, err := checkpoint.Resolve("auto", r.ckptDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := r.build(t, nil, ck)
+	if tr.dev == nil {
+		t.Fatal("the resumed run does not step on the device")
+	}
+	if _, err := tr.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d, at := maxAbsDiff(tf.Master(), tr.Master()); d != 0 {
+		t.Fatalf("final weights differ by %g at %d after resume", d, at)
+	}
+}
+
+// TestDeviceStepGroup: two ranks stepping on their devices (the gradient averaged through
+// the in-process ring, staged through host memory) match one worker with twice the
+// micro-batch, and end bit-identical to each other.
+func TestDeviceStepGroup(t *testing.T) {
+	one := defaultRun()
+	one.cfg.MicroBatch, one.cfg.MaxSteps = 32, 7
+	one.newModel = gpuModel(one)
+	t1 := one.build(t, nil, nil)
+	if _, err := t1.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	two := one
+	two.cfg.MicroBatch = 16
+	two.newModel = gpuModel(two)
+	ts, _ := two.group(t, 2, nil, nil)
+	if ts[0].dev == nil || ts[1].dev == nil {
+		t.Fatal("the ranks do not step on the device")
+	}
+	_, errs := runAll(context.Background(), ts)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, _ := maxAbsDiff(ts[0].Master(), ts[1].Master()); d != 0 {
+		t.Fatalf("ranks differ by %g", d)
+	}
+	if d, at := maxAbsDiff(t1.Master(), ts[0].Master()); d > 2e-6 {
+		t.Fatalf("two ranks differ from one worker by %g at %d", d, at)
+	}
+}
