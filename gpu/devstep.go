@@ -19,7 +19,8 @@ import (
 // brought up to date only when a checkpoint or the end of the run needs them (PullState).
 
 // DeviceReducer is a communicator that reduces device buffers in place (NCCL): the device
-// step uses it instead of staging through the host.
+// step uses it instead of staging through the host. It runs after the device's queued work
+// (the caller syncs first) and returns when the result is in place.
 type DeviceReducer interface {
 	AllReduceBuf(ctx context.Context, b Buf, op collective.Op) error
 }
@@ -64,6 +65,10 @@ func (n *Net) ReduceGrads(ctx context.Context, comm collective.Communicator, wir
 		return nil
 	}
 	if r, ok := comm.(DeviceReducer); ok {
+		// The reducer runs on its own stream: the gradient's kernels must be done first.
+		if err := n.dev.Sync(); err != nil {
+			return fmt.Errorf("gpu: before the gradient all-reduce: %w", err)
+		}
 		if err := r.AllReduceBuf(ctx, n.grads, collective.Avg); err != nil {
 			return fmt.Errorf("gpu: all-reducing the gradient on the device: %w", err)
 		}

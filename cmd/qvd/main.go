@@ -35,6 +35,7 @@ Usage:
                                   run an N-process job on this machine
   qvd status PEER                 list a cluster's members
   qvd bench allreduce --nproc N   measure all-reduce bandwidth (algbw/busbw, as nccl-tests)
+  qvd gpus [--json] [--require]   list the GPUs NVML sees: memory, utilisation, driver, CUDA
   qvd keygen                      print a new cluster key
   qvd certs --out DIR --hosts H1,H2,...
                                   make a cluster CA and node certificates for mutual TLS
@@ -75,6 +76,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args[1:], stdout, stderr)
+	case "gpus":
+		return cmdGPUs(args[1:], stdout, stderr)
 	case "keygen":
 		return cmdKeygen(args[1:], stdout, stderr)
 	case "certs":

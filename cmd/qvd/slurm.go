@@ -37,11 +37,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/qvd/qvd/internal/blas"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -320,6 +323,14 @@ func slurmTrain(ctx context.Context, f *runFlags, nodes *int, mf *memberFlags, o
 	if p.Coordinator {
 		role = "coordinator"
 	}
+	if th := slurmThreads(os.Getenv, runtime.NumCPU()); th > 0 {
+		// As qvd launch does for its workers: tasks sharing a node share its cores, or idle Go
+		// processors spin and OpenBLAS threads busy-wait on each other's cores. The same share
+		// also gives the same matrix-product summation order as qvd launch.
+		runtime.GOMAXPROCS(th)
+		blas.SetThreads(th)
+		boot.log.Info("SLURM task threads", zap.Int("threads", th))
+	}
 	boot.log.Info("SLURM task", zap.Int("procid", p.ProcID), zap.Int("ntasks", p.NTasks), zap.Int("localid", p.LocalID),
 		zap.String("role", role), zap.String("bind", mf.bind), zap.String("coordinator", p.Peer),
 		zap.String("node_name", mf.nodeName), zap.Int("gpus", p.Devices))
@@ -357,4 +368,28 @@ func resolveHost(ctx context.Context, host string) (string, error) {
 		return "", fmt.Errorf("resolving %s: no addresses", host)
 	}
 	return addrs[0].IP.String(), nil
+}
+
+// slurmThreads is a task's share of its node's cores: SLURM_CPUS_PER_TASK when set, else the
+// node's cores over its tasks (SLURM_NTASKS_PER_NODE, or the first count of
+// SLURM_TASKS_PER_NODE such as "2(x3)"); 0 when GOMAXPROCS or OPENBLAS_NUM_THREADS is set (the
+// user chose) or nothing says.
+func slurmThreads(getenv func(string) string, ncpu int) int {
+	if getenv("GOMAXPROCS") != "" || getenv("OPENBLAS_NUM_THREADS") != "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(getenv("SLURM_CPUS_PER_TASK"))); err == nil && n > 0 {
+		return n
+	}
+	per := strings.TrimSpace(getenv("SLURM_NTASKS_PER_NODE"))
+	if per == "" {
+		per = strings.TrimSpace(getenv("SLURM_TASKS_PER_NODE"))
+		if i := strings.IndexAny(per, "(,"); i >= 0 {
+			per = per[:i]
+		}
+	}
+	if n, err := strconv.Atoi(per); err == nil && n > 0 {
+		return max(1, ncpu/n)
+	}
+	return 0
 }

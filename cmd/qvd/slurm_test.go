@@ -172,7 +172,7 @@ func TestSlurmStepMatchesLaunch(t *testing.T) {
 	for procid := range 2 {
 		cmd, out := qvdCmd(t, testKey, append([]string{"train", "--out", slurmOut, "--grpc-bind", "127.0.0.1:0"}, common...)...)
 		cmd.Env = append(cmd.Env, "SLURM_STEP_ID=0", "SLURM_JOB_ID=77", "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=127.0.0.1",
-			"SLURMD_NODENAME=127.0.0.1", "QVD_PORT="+fmt.Sprint(port), "SLURM_PROCID="+fmt.Sprint(procid), "SLURM_LOCALID="+fmt.Sprint(procid))
+			"SLURMD_NODENAME=127.0.0.1", "QVD_PORT="+fmt.Sprint(port), "SLURM_PROCID="+fmt.Sprint(procid), "SLURM_LOCALID="+fmt.Sprint(procid), "SLURM_TASKS_PER_NODE=2")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -202,5 +202,23 @@ func TestSlurmStepMatchesLaunch(t *testing.T) {
 	}
 	if d := maxDiff(t, readModel(t, filepath.Join(launchOut, "checkpoints")), readModel(t, filepath.Join(slurmOut, "checkpoints"))); d != 0 {
 		t.Fatalf("the SLURM step ends %g away from qvd launch --nproc 2", d)
+	}
+}
+
+func TestSlurmThreads(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want int
+	}{
+		{map[string]string{}, 0},
+		{map[string]string{"SLURM_CPUS_PER_TASK": "3", "SLURM_TASKS_PER_NODE": "2"}, 3},
+		{map[string]string{"SLURM_TASKS_PER_NODE": "4(x2),1"}, 4},
+		{map[string]string{"SLURM_NTASKS_PER_NODE": "2"}, 8},
+		{map[string]string{"SLURM_TASKS_PER_NODE": "32"}, 1},
+		{map[string]string{"SLURM_TASKS_PER_NODE": "2", "OPENBLAS_NUM_THREADS": "5"}, 0},
+	} {
+		if got := slurmThreads(func(k string) string { return c.env[k] }, 16); got != c.want {
+			t.Errorf("%v: %d threads, want %d", c.env, got, c.want)
+		}
 	}
 }

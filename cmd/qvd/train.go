@@ -404,7 +404,7 @@ func (j *job) attach(ctx context.Context, m *member, r *cluster.Roster, stderr i
 			t.Close()
 			return j.fail(stderr, err)
 		}
-		comm = stacked{nc, comm}
+		comm = nc // it closes the ring it was bootstrapped from
 	}
 	j.comm, j.transport = comm, t
 	j.log.Info("joined the job", zap.String("job", r.Job), zap.Int("world", r.World),

@@ -3,7 +3,8 @@
 // gRPC streams and raw TCP, and NCCL — in the manner of gonum's testblas.
 //
 // An implementation's test supplies a Factory that builds a connected group and calls Run for
-// the functional cases, and RunFaults for the failure cases if it can kill a rank:
+// the functional cases (RunSizes where it can make only some group sizes), and RunFaults for
+// the failure cases if it can kill a rank:
 //
 //	func TestConformance(t *testing.T) { collectivetest.Run(t, factory) }
 //	func TestFaults(t *testing.T)      { collectivetest.RunFaults(t, factory, 500*time.Millisecond) }

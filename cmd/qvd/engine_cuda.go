@@ -1,0 +1,34 @@
+//go:build cuda
+
+package main
+
+import (
+	"context"
+
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/collective/nccl"
+	"github.com/qvd/qvd/gpu"
+	_ "github.com/qvd/qvd/gpu/cuda" // device.type cuda
+)
+
+func init() {
+	newNCCL = func(ctx context.Context, bootstrap collective.Communicator, ordinal int) (collective.Communicator, error) {
+		c, err := nccl.New(ctx, bootstrap, ordinal)
+		if err != nil {
+			return nil, err
+		}
+		return ncclStack{stacked{c, bootstrap}, c}, nil
+	}
+}
+
+// ncclStack is the NCCL communicator over the gRPC ring it was bootstrapped from; the GPU
+// engine's device step all-reduces its gradient through it on the device.
+type ncclStack struct {
+	stacked
+	nc *nccl.Comm
+}
+
+// AllReduceBuf reduces a device buffer in place (gpu.DeviceReducer).
+func (s ncclStack) AllReduceBuf(ctx context.Context, b gpu.Buf, op collective.Op) error {
+	return s.nc.AllReduceDevice(ctx, b.Addr(), b.N, b.T.Format(), op)
+}
