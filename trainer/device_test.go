@@ -3,6 +3,7 @@ package trainer
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/qvd/qvd/checkpoint"
@@ -159,5 +160,55 @@ func TestDeviceStepGroup(t *testing.T) {
 	}
 	if d, at := maxAbsDiff(t1.Master(), ts[0].Master()); d > 2e-6 {
 		t.Fatalf("two ranks differ from one worker by %g at %d", d, at)
+	}
+}
+
+// TestDeviceStepOutOfMemory: micro-batches whose device allocations fail are skipped (the
+// trainer's out-of-memory path), including the first of a step, whose gradient must then not
+// be mixed into the next one's; the run goes on and ends near the run without failures.
+func TestDeviceStepOutOfMemory(t *testing.T) {
+	r := defaultRun()
+	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
+	r.cfg.MaxSteps = 10
+	var alloc *gpu.Allocator
+	r.newModel = func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+		alloc = gpu.NewAllocator(gpu.NewHost())
+		n, err := gpu.NewNet(alloc, spec, layout, params, gpu.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	rec := &recorder{after: func(m metrics.Record) {
+		if m.Kind == metrics.KindTrain && (m.Step == 3 || m.Step == 6) {
+			alloc.FailAfter(1) // the first allocation of the next micro-batch: the step's first
+		}
+	}}
+	tr := r.build(t, rec, nil)
+	if tr.dev == nil {
+		t.Fatal("not stepping on the device")
+	}
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.SkippedMicroBatches != 2 || res.Steps != 10 {
+		t.Fatalf("%d micro-batches skipped in %d steps, want 2 in 10", res.SkippedMicroBatches, res.Steps)
+	}
+	for _, m := range rec.recs {
+		if m.Kind == metrics.KindTrain && (math.IsNaN(m.Loss) || math.IsInf(m.Loss, 0) || m.Loss > 20) {
+			t.Fatalf("step %d: loss %v", m.Step, m.Loss)
+		}
+	}
+	clean := r
+	clean.newModel = gpuModel(clean)
+	base, err := clean.build(t, nil, nil).Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("last loss %.4f with two micro-batches lost, %.4f without", res.LastLoss, base.LastLoss)
+	if math.Abs(res.LastLoss-base.LastLoss) > 0.2*base.LastLoss {
+		t.Fatalf("last loss %.4f, %.4f without the failures", res.LastLoss, base.LastLoss)
 	}
 }

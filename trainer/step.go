@@ -277,7 +277,17 @@ func (t *Trainer) sumSquares(cctx context.Context, scale float64) (float64, erro
 	if err != nil {
 		return 0, err
 	}
+	// The averaged gradient is the same on every rank, and so its check; the flag is agreed
+	// all the same (one float), so that no reduction's nondeterminism (NCCL's, on some
+	// topologies) could make one rank step while another skips.
+	flag := []float64{0}
 	if overflow {
+		flag[0] = 1
+	}
+	if err := t.reduceScalars(cctx, flag, collective.Max); err != nil {
+		return 0, fmt.Errorf("agreeing on the overflow check: %w", err)
+	}
+	if flag[0] != 0 {
 		return math.Inf(1), nil
 	}
 	return s * scale * scale, nil
