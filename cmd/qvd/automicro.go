@@ -8,8 +8,10 @@ import (
 
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/gpu"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/memstat"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/trainer"
 )
@@ -85,8 +87,13 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 	layout := model.NewLayout(spec)
 	in := estimateInput{elems: layout.Size, numParams: layout.NumParams(), world: world, stage: cfg.Zero.Stage, offload: cfg.Zero.Offload(),
 		precision: cfg.Train.Precision, optimizer: cfg.Optimizer.Type, momentum: cfg.Optimizer.Momentum, bucket: cfg.Zero.ReduceBucketSize}
-	a := &autoMicro{budget: budgetFor(cfg, world)}
-	if a.perSample, err = measureActivationBytes(spec, f); err != nil {
+	probe, err := newMicroProbe(cfg, world)
+	if err != nil {
+		return nil, fmt.Errorf("train.micro_batch: auto: %w", err)
+	}
+	defer probe.close()
+	a := &autoMicro{budget: probe.budget}
+	if a.perSample, err = probe.perSample(spec, f); err != nil {
 		return nil, fmt.Errorf("train.micro_batch: auto: measuring activation memory: %w", err)
 	}
 	rec, err := in.recommend(a.budget, int64(eff), a.perSample)
@@ -100,7 +107,10 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 			continue
 		}
 		a.tried = append(a.tried, micro)
-		used, err := probeMicro(spec, layout, f, micro)
+		used, err := probe.at(spec, layout, f, micro)
+		if errors.Is(err, memory.ErrOutOfMemory) {
+			continue // the device could not hold it: try a smaller one
+		}
 		if err != nil {
 			return nil, fmt.Errorf("train.micro_batch: auto: probing micro-batch %d: %w", micro, err)
 		}
@@ -112,6 +122,75 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 	}
 	return nil, fmt.Errorf("train.micro_batch: auto: no micro-batch dividing %d fits %s of the %s budget per worker after the model states (%s); tried %v",
 		perWorker, humanBytes(rec.usable-rec.states), humanBytes(a.budget), humanBytes(rec.states), a.tried)
+}
+
+// microProbe measures micro-batches on the engine the job trains with: the Go heap of the
+// gorgonia engine, or the GPU engine's device allocator (its peak over one forward/backward:
+// weights, gradient and activations), against that engine's budget.
+type microProbe struct {
+	budget    int64
+	perSample func(spec *model.Spec, f half.Format) (int64, error)
+	at        func(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error)
+	close     func()
+}
+
+func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
+	if !cfg.Device.GPU() {
+		return &microProbe{budget: budgetFor(cfg, world), perSample: measureActivationBytes, at: probeMicro, close: func() {}}, nil
+	}
+	dev, err := gpu.Open(cfg.Device, localRank(0))
+	if err != nil {
+		return nil, err
+	}
+	alloc := gpu.NewAllocator(dev)
+	p := &microProbe{close: func() { alloc.Close(); dev.Close() }}
+	// The device's memory, shared by the workers that may share it (all of them, at worst,
+	// as with qvd launch on one GPU); a device that does not say (the reference) uses the
+	// host's figure.
+	p.budget = int64(dev.TotalMemory()) / int64(world)
+	if p.budget == 0 {
+		p.budget = budgetFor(cfg, world)
+	}
+	p.at = func(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
+		return deviceAfterStep(alloc, spec, layout, f, micro)
+	}
+	p.perSample = func(spec *model.Spec, f half.Format) (int64, error) {
+		layout := model.NewLayout(spec)
+		// Small batches, so that the measurement itself fits a small device.
+		const small, large = 2, 10
+		a, err := p.at(spec, layout, f, small)
+		if err != nil {
+			return 0, err
+		}
+		b, err := p.at(spec, layout, f, large)
+		if err != nil {
+			return 0, err
+		}
+		if b <= a {
+			return 0, fmt.Errorf("no growth of device memory with the batch (%d bytes at %d samples, %d at %d)", a, small, b, large)
+		}
+		return (b - a) / (large - small), nil
+	}
+	return p, nil
+}
+
+// deviceAfterStep builds the GPU engine at micro and runs one forward/backward, returning
+// the allocator's peak: weights, gradient and the step's activations and workspace.
+func deviceAfterStep(alloc *gpu.Allocator, spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
+	params := make([]float32, layout.Size)
+	model.Init(spec, layout, params, 1)
+	alloc.ResetPeaks()
+	net, err := gpu.NewNet(alloc, spec, layout, params, gpu.Options{MicroBatch: micro, EvalBatch: 1, Precision: f})
+	if err != nil {
+		return 0, err
+	}
+	defer net.Close()
+	b := data.NewBatch(micro, 28*28)
+	b.N = micro
+	if _, err := net.ForwardBackward(b, 1, make([]float32, layout.Trainable())); err != nil {
+		return 0, err
+	}
+	return alloc.Stats().MaxAllocated, nil
 }
 
 // probeMicro builds the training graph at micro and runs one forward/backward, returning the

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/gpu"
 )
 
 // TestAutoMicroBatch: micro_batch: auto keeps the effective batch exactly, takes the largest
@@ -74,5 +75,30 @@ func TestAutoMicroBatch(t *testing.T) {
 	code, out, errs := runQVD(t, "config", "--micro-batch", "auto", "--effective-batch", "64")
 	if code != exitOK || !strings.Contains(errs, "micro_batch: auto chose") || !strings.Contains(out, "micro_batch: 64") {
 		t.Errorf("--micro-batch auto --effective-batch 64: exit %d\n%s\n%s", code, out, errs)
+	}
+}
+
+// TestAutoMicroBatchGPU: with the GPU engine, micro_batch: auto measures the device
+// allocator's peak (weights, gradient, activations) against the device's memory — here a
+// 24 MiB reference device, on which the CNN's whole per-worker batch does not fit.
+func TestAutoMicroBatchGPU(t *testing.T) {
+	const limit = 24 << 20
+	gpu.Register("reference", func(int) (gpu.Device, error) { return gpu.NewHostLimit(limit), nil }, func() (int, error) { return 1, nil })
+	defer gpu.Register("reference", func(int) (gpu.Device, error) { return gpu.NewHost(), nil }, func() (int, error) { return 1, nil })
+	c, err := configs.Parse([]byte("model: {type: cnn, channels: [16, 32], hidden: [128]}\ntrain: {micro_batch: auto, effective_batch: 96}\ndevice: {type: reference}\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := resolveAutoMicro(&c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("micro %d × accum %d: %d B per sample on the device, peak %d B at the chosen micro-batch, budget %d B, tried %v",
+		a.micro, a.accum, a.perSample, a.probed, a.budget, a.tried)
+	if a.micro*a.accum != 96 || a.micro == 96 || a.budget != limit {
+		t.Fatalf("micro %d × accum %d (budget %d): want a split of 96 below 96 within %d", a.micro, a.accum, a.budget, limit)
+	}
+	if a.probed > limit {
+		t.Fatalf("the chosen micro-batch peaks at %d B on a %d B device", a.probed, limit)
 	}
 }
