@@ -158,6 +158,12 @@ func (h *Host) Upload(dst Buf, src []float32) {
 	round(d, dst.T)
 }
 
+// UploadAsync is Upload: the reference device has one stream, so nothing overlaps.
+func (h *Host) UploadAsync(dst Buf, src []float32) { h.Upload(dst, src) }
+
+// WaitUploads has nothing to wait for.
+func (h *Host) WaitUploads() {}
+
 func (h *Host) UploadInt32(dst Buf, src []int32) {
 	d := h.i32(dst)
 	if d == nil || !h.check(len(src) == dst.N, "upload of %d ints into %d", len(src), dst.N) {

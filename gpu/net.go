@@ -118,12 +118,28 @@ func (n *Net) SyncParams() error {
 	if n.adam != nil {
 		return nil
 	}
-	n.dev.Upload(n.params, n.host)
 	n.syncs++
+	if a, ok := n.dev.(AsyncUploader); ok {
+		// On the copy stream: the host goes on to fill the next micro-batch while the weights
+		// travel, and the forward pass's kernels wait for them on the device. A failure is
+		// latched and reported by the step's first Download.
+		a.UploadAsync(n.params, n.host)
+		a.WaitUploads()
+		return nil
+	}
+	n.dev.Upload(n.params, n.host)
 	if err := n.dev.Sync(); err != nil {
 		return fmt.Errorf("gpu: copying the parameters to the device: %w", err)
 	}
 	return nil
+}
+
+// AsyncUploader is a Device with a copy stream (the CUDA backend): UploadAsync converts src
+// into staging memory before it returns (src may then change) and copies it on the copy
+// stream; WaitUploads makes the compute stream wait for those copies, on the device.
+type AsyncUploader interface {
+	UploadAsync(dst Buf, src []float32)
+	WaitUploads()
 }
 
 // DeviceMemory reports the allocator's figures for the memory monitor and metrics.

@@ -266,3 +266,29 @@ func TestConfigAndOpen(t *testing.T) {
 		}
 	}
 }
+
+// syncOnly hides the reference device's AsyncUploader, to test SyncParams' other path.
+type syncOnly struct{ *Host }
+
+func TestSyncParamsPaths(t *testing.T) {
+	var _ AsyncUploader = (*Host)(nil)
+	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
+	for name, dev := range map[string]Device{"async": NewHost(), "sync": syncOnly{NewHost()}} {
+		t.Run(name, func(t *testing.T) {
+			cpu, g := pair(t, dev, cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
+			for i := range g.Params() {
+				cpu.Params()[i] += 0.25
+				g.Params()[i] += 0.25
+			}
+			if err := g.SyncParams(); err != nil {
+				t.Fatal(err)
+			}
+			b := randomBatch(3, 16, 3, 4)
+			rc, _ := cpu.Evaluate(b)
+			rg, err := g.Evaluate(b)
+			if err != nil || math.Abs(rc.LossSum-rg.LossSum) > 1e-5 {
+				t.Fatalf("after SyncParams: cpu %v gpu %v (%v)", rc.LossSum, rg.LossSum, err)
+			}
+		})
+	}
+}

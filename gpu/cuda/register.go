@@ -10,6 +10,9 @@ import (
 	"github.com/qvd/qvd/gpu"
 )
 
+// The engine overlaps parameter uploads with host work through the copy stream.
+var _ gpu.AsyncUploader = (*Device)(nil)
+
 // Linking this package makes device.type cuda available to gpu.Open.
 func init() {
 	gpu.Register("cuda", func(ordinal int) (gpu.Device, error) {
