@@ -164,6 +164,16 @@ func (h *Host) UploadAsync(dst Buf, src []float32) { h.Upload(dst, src) }
 // WaitUploads has nothing to wait for.
 func (h *Host) WaitUploads() {}
 
+// DownloadAsync copies at once: the reference device has one stream.
+func (h *Host) DownloadAsync(dst []float32, src Buf) {
+	if s := h.f(src); s != nil && h.check(len(dst) == src.N, "download of %d values into %d", src.N, len(dst)) {
+		copy(dst, s)
+	}
+}
+
+// WaitDownloads returns the first error since the last Sync, as Download does.
+func (h *Host) WaitDownloads() error { return h.Sync() }
+
 func (h *Host) UploadInt32(dst Buf, src []int32) {
 	d := h.i32(dst)
 	if d == nil || !h.check(len(src) == dst.N, "upload of %d ints into %d", len(src), dst.N) {

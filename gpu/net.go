@@ -47,6 +47,9 @@ type Net struct {
 	needDx []bool
 	syncs  int64
 	adam   *Adam // the device optimizer (EnableDeviceOptimizer), nil with offload
+	// onGrad, if set, is called once a trainable tensor's gradient (its view and its offset in
+	// the trainable part) has been queued by the backward pass.
+	onGrad func(g Buf, off int)
 }
 
 // NewNet places spec's parameters (params, len layout.Size, which the caller owns and
@@ -140,6 +143,15 @@ func (n *Net) SyncParams() error {
 type AsyncUploader interface {
 	UploadAsync(dst Buf, src []float32)
 	WaitUploads()
+}
+
+// AsyncDownloader is a Device that copies to the host on its copy stream (the CUDA backend):
+// DownloadAsync queues a copy of src that starts after the compute work queued so far, and
+// WaitDownloads waits for the copies, converts them into their destinations and returns the
+// first error since the last Sync.
+type AsyncDownloader interface {
+	DownloadAsync(dst []float32, src Buf)
+	WaitDownloads() error
 }
 
 // DeviceMemory reports the allocator's figures for the memory monitor and metrics.
@@ -238,8 +250,19 @@ type layerState struct {
 	idx     Buf // MaxPool2: the argmax indices
 }
 
-// step runs forward and backward on b and leaves the gradient in n.gbuf.
+// step runs forward and backward on b and leaves the gradient in n.gbuf. On a device with a
+// copy stream each layer's gradient starts for the host as soon as its kernels are queued,
+// so the copies overlap the backward pass of the layers below.
 func (n *Net) step(b *data.Batch, scale float32) (float32, error) {
+	if a, ok := n.dev.(AsyncDownloader); ok {
+		n.onGrad = func(g Buf, off int) { a.DownloadAsync(n.gbuf[off:off+g.N], g) }
+		loss, err := n.run(b, scale, 0)
+		n.onGrad = nil
+		if werr := a.WaitDownloads(); err == nil && werr != nil {
+			err = fmt.Errorf("gpu: copying the gradient to the host: %w", werr)
+		}
+		return loss, err
+	}
 	loss, err := n.run(b, scale, 0)
 	if err != nil {
 		return 0, err
@@ -321,6 +344,13 @@ func (n *Net) gradOf(i int) (Buf, bool) {
 	}
 	off := t.Offset - n.layout.Frozen
 	return n.grads.Slice(off, off+t.Size), true
+}
+
+// gradDone hands a finished tensor gradient to onGrad.
+func (n *Net) gradDone(tensor int, g Buf) {
+	if n.onGrad != nil {
+		n.onGrad(g, n.layout.Tensors[tensor].Offset-n.layout.Frozen)
+	}
 }
 
 // forward runs the layers on the first rows samples of b and returns each layer's state and
@@ -428,9 +458,11 @@ func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32)
 		case model.Dense:
 			if gw, ok := n.gradOf(l.Weight); ok {
 				n.dev.Gemm(true, false, l.In, l.Out, rows, 1, s.in, dy, beta, gw)
+				n.gradDone(l.Weight, gw)
 			}
 			if gb, ok := n.gradOf(l.Bias); ok {
 				n.dev.SumRows(gb, dy, rows, l.Out, false, beta)
+				n.gradDone(l.Bias, gb)
 			}
 			if !n.needDx[i] {
 				return
@@ -444,9 +476,11 @@ func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32)
 			n.dev.Transpose01(w.dycm, dy, rows, l.Out, ohw)
 			if gw, ok := n.gradOf(l.Weight); ok {
 				n.dev.Gemm(false, true, l.Out, ckk, rows*ohw, 1, w.dycm, s.cols, beta, gw)
+				n.gradDone(l.Weight, gw)
 			}
 			if gb, ok := n.gradOf(l.Bias); ok {
 				n.dev.SumRows(gb, w.dycm, l.Out, rows*ohw, true, beta)
+				n.gradDone(l.Bias, gb)
 			}
 			if !n.needDx[i] {
 				return

@@ -267,15 +267,34 @@ func TestConfigAndOpen(t *testing.T) {
 	}
 }
 
-// syncOnly hides the reference device's AsyncUploader, to test SyncParams' other path.
-type syncOnly struct{ *Host }
+// syncOnly hides the reference device's AsyncUploader and AsyncDownloader (only Device's
+// methods are promoted from an embedded interface), to test the engine's synchronous paths.
+type syncOnly struct{ Device }
 
-func TestSyncParamsPaths(t *testing.T) {
+// TestCopyPaths: the engine gives the same results over a device with a copy stream (the
+// overlapped uploads and downloads) and over one without.
+func TestCopyPaths(t *testing.T) {
 	var _ AsyncUploader = (*Host)(nil)
+	var _ AsyncDownloader = (*Host)(nil)
 	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
 	for name, dev := range map[string]Device{"async": NewHost(), "sync": syncOnly{NewHost()}} {
 		t.Run(name, func(t *testing.T) {
+			if _, ok := dev.(AsyncDownloader); ok != (name == "async") {
+				t.Fatalf("%s device: AsyncDownloader %v", name, ok)
+			}
 			cpu, g := pair(t, dev, cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
+			// The gradient, through the synchronous or the overlapped copy.
+			b0 := randomBatch(3, 16, 3, 8)
+			gc, gg := make([]float32, g.Layout().Trainable()), make([]float32, g.Layout().Trainable())
+			if _, err := cpu.ForwardBackward(b0, 1, gc); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := g.ForwardBackward(b0, 1, gg); err != nil {
+				t.Fatal(err)
+			}
+			if e := relErr(gc, gg); e > 2e-6 {
+				t.Fatalf("gradient differs from the CPU engine's by %.3g", e)
+			}
 			for i := range g.Params() {
 				cpu.Params()[i] += 0.25
 				g.Params()[i] += 0.25

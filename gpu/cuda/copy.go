@@ -69,6 +69,73 @@ func (d *Device) WaitUploads() {
 	}
 }
 
+// pendingDownload is a DownloadAsync copy waiting to be converted into dst.
+type pendingDownload struct {
+	dst []float32
+	off int // into dlStage, bytes
+	t   gpu.DType
+}
+
+// DownloadAsync queues a copy of src into pinned memory on the copy stream, after the compute
+// work queued so far (the kernels that wrote src): the copy overlaps the compute stream's next
+// work — the gradient of the layer below while this one's travels. WaitDownloads waits for
+// the copies and converts them into dst, which must not be read before.
+func (d *Device) DownloadAsync(dst []float32, src gpu.Buf) {
+	ok := d.begin()
+	defer d.exit()
+	if !ok || !d.bufs("DownloadAsync", src) || !d.need(src.T.Float(), "DownloadAsync", "src is %v, not a floating-point type", src.T) ||
+		!d.need(len(dst) == src.N, "DownloadAsync", "%d values for a buffer of %d elements", len(dst), src.N) || src.N == 0 {
+		return
+	}
+	size := (src.Bytes() + 255) &^ 255
+	if d.dlUsed+size > d.dlStage.n {
+		// Grow only when no copy uses the memory: convert what is pending first.
+		if !d.drainDownloads() || !d.check("DownloadAsync: cuMemAllocHost", d.dlStage.alloc(max(size, 2*d.dlStage.n))) {
+			return
+		}
+	}
+	if !d.check("DownloadAsync: cuEventRecord", d.computeEv.Record(d.stream)) ||
+		!d.check("DownloadAsync: cuStreamWaitEvent", d.copy.Wait(d.computeEv, 0)) {
+		return
+	}
+	at := unsafe.Add(d.dlStage.p, d.dlUsed)
+	if !d.check("DownloadAsync: cuMemcpyDtoHAsync", cu.MemcpyDtoHAsync(at, cu.DevicePtr(src.Addr()), int64(src.Bytes()), d.copy)) {
+		return
+	}
+	d.dlPending = append(d.dlPending, pendingDownload{dst: dst, off: d.dlUsed, t: src.T})
+	d.dlUsed += size
+}
+
+// WaitDownloads waits for DownloadAsync's copies, converts them into their destinations and
+// returns the first error since the last Sync, which it clears (as Download does).
+func (d *Device) WaitDownloads() error {
+	err := d.enter()
+	defer d.exit()
+	if d.err == nil && err != nil {
+		d.err = err
+	}
+	d.drainDownloads()
+	err, d.err = d.err, nil
+	return err
+}
+
+// drainDownloads synchronises the copy stream and converts every pending download.
+func (d *Device) drainDownloads() bool {
+	if len(d.dlPending) == 0 {
+		d.dlUsed = 0
+		return true
+	}
+	if !d.check("WaitDownloads: cuStreamSynchronize", d.copy.Synchronize()) {
+		d.dlPending, d.dlUsed = d.dlPending[:0], 0
+		return false
+	}
+	for _, p := range d.dlPending {
+		decode(p.t, p.dst, unsafe.Slice((*byte)(unsafe.Add(d.dlStage.p, p.off)), len(p.dst)*p.t.Size()))
+	}
+	d.dlPending, d.dlUsed = d.dlPending[:0], 0
+	return true
+}
+
 // upload copies dst.N elements into dst through st's chunks on stream; fill writes elements
 // [off, off+n) into a chunk.
 func (d *Device) upload(what string, st *stager, stream cu.Stream, dst gpu.Buf, fill func(chunk []byte, off, n int)) {

@@ -35,6 +35,10 @@ type Device struct {
 
 	stage      stager   // Upload and Download
 	copyStage  stager   // UploadAsync
+	// DownloadAsync's pinned memory and the copies WaitDownloads converts from it.
+	dlStage   pinned
+	dlUsed    int
+	dlPending []pendingDownload
 	computeEv  cu.Event // marks the compute stream's queue for the copy stream to wait on
 	copyDoneEv cu.Event // marks the copy stream's queue for WaitUploads
 
@@ -161,6 +165,7 @@ func (d *Device) release() error {
 	}
 	d.stage.free()
 	d.copyStage.free()
+	d.dlStage.free()
 	for _, ev := range []*cu.Event{&d.computeEv, &d.copyDoneEv} {
 		if *ev != (cu.Event{}) {
 			keep("cuEventDestroy", cu.DestroyEvent(ev))

@@ -11,7 +11,10 @@ import (
 )
 
 // The engine overlaps parameter uploads with host work through the copy stream.
-var _ gpu.AsyncUploader = (*Device)(nil)
+var (
+	_ gpu.AsyncUploader   = (*Device)(nil)
+	_ gpu.AsyncDownloader = (*Device)(nil)
+)
 
 // Linking this package makes device.type cuda available to gpu.Open.
 func init() {
