@@ -33,12 +33,12 @@ type Device struct {
 	total     uint64
 	maxBlocks int // grid-stride launches use at most this many blocks
 
-	stage      stager   // Upload and Download
-	copyStage  stager   // UploadAsync
+	stage     stager // Upload and Download
+	copyStage stager // UploadAsync
 	// DownloadAsync's pinned memory and the copies WaitDownloads converts from it.
-	dlStage   pinned
-	dlUsed    int
-	dlPending []pendingDownload
+	dlStage    pinned
+	dlUsed     int
+	dlPending  []pendingDownload
 	computeEv  cu.Event // marks the compute stream's queue for the copy stream to wait on
 	copyDoneEv cu.Event // marks the copy stream's queue for WaitUploads
 
