@@ -122,9 +122,6 @@ func (c *Config) Validate() error {
 	add("tls", c.TLS.Validate())
 	add("memory", c.Memory.Validate())
 	add("device", c.Device.Validate())
-	if c.Device.GPU() && c.Model.ActivationCheckpointing.Segments > 1 {
-		add("device", fmt.Errorf("type: %s: the GPU engine does not do model.activation_checkpointing yet (it keeps every activation); set segments to 0 or train on the cpu", c.Device.Type))
-	}
 	if c.Collective.Transport == "nccl" && c.Device.Type != "cuda" {
 		add("collective", fmt.Errorf("transport: nccl needs device.type: cuda, got %q", c.Device.Type))
 	}

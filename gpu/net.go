@@ -16,6 +16,11 @@ type Options struct {
 	MicroBatch int         // samples per ForwardBackward
 	EvalBatch  int         // most samples per Evaluate
 	Precision  half.Format // the type of weights, activations and gradients on the device
+	// Segments > 1 turns on activation checkpointing (model.activation_checkpointing): the
+	// layers are cut where model.Segments cuts them for the CPU engine, only each segment's
+	// input is kept through the forward pass, and the backward pass recomputes one segment's
+	// activations at a time.
+	Segments int
 }
 
 // Net runs a model.Spec on a Device: the same model definition the CPU engine compiles into
@@ -45,6 +50,7 @@ type Net struct {
 	// needDx[i]: the backward pass must compute layer i's input gradient (some trainable
 	// parameter lies below it).
 	needDx []bool
+	segs   []int // first layer of each checkpointed segment; nil without checkpointing
 	syncs  int64
 	adam   *Adam // the device optimizer (EnableDeviceOptimizer), nil with offload
 	// onGrad, if set, is called once a trainable tensor's gradient (its view and its offset in
@@ -70,6 +76,13 @@ func NewNet(alloc *Allocator, spec *model.Spec, layout *model.Layout, params []f
 		if l.Kind == model.Conv2D && l.Kernel > l.InShape[1]+2*l.Pad {
 			return nil, fmt.Errorf("gpu: layer %s: kernel %d larger than its padded input", l.Name, l.Kernel)
 		}
+	}
+	if opt.Segments > 1 {
+		segs, err := model.Segments(spec, opt.Segments)
+		if err != nil {
+			return nil, fmt.Errorf("gpu: %w", err)
+		}
+		n.segs = segs
 	}
 	n.needDx = make([]bool, len(spec.Layers))
 	below := false
@@ -236,6 +249,23 @@ func (p *pass) alloc(elems int, t DType) Buf {
 	return b
 }
 
+// release frees the buffers allocated since mark, except keep (which stay held by the pass).
+func (p *pass) release(mark int, keep ...Buf) {
+	kept := p.bufs[:mark]
+	for _, b := range p.bufs[mark:] {
+		held := false
+		for _, k := range keep {
+			held = held || (k.Ptr == b.Ptr && b.Valid())
+		}
+		if held {
+			kept = append(kept, b)
+		} else {
+			p.n.alloc.Free(b)
+		}
+	}
+	p.bufs = kept
+}
+
 func (p *pass) free() {
 	for _, b := range p.bufs {
 		p.n.alloc.Free(b)
@@ -287,20 +317,26 @@ func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 	if err != nil {
 		return 0, err
 	}
-	st, logits := n.forward(p, b, b.N)
-	if p.err != nil {
-		return 0, fmt.Errorf("gpu: forward: %w", p.err)
-	}
 	rows, classes := b.N, n.spec.Classes
 	loss := p.alloc(rows, F32)
 	if p.err != nil {
 		return 0, fmt.Errorf("gpu: forward: %w", p.err)
 	}
-	// d(mean CE × scale)/dlogits, written over the logits (no longer needed).
-	n.dev.SoftmaxXent(logits, loss, logits, labels, rows, classes, scale/float32(rows))
-	n.backward(p, st, logits, rows, beta)
-	if p.err != nil {
-		return 0, fmt.Errorf("gpu: backward: %w", p.err)
+	if n.segs != nil {
+		if err := n.runSegments(p, b, labels, loss, scale, beta); err != nil {
+			return 0, err
+		}
+	} else {
+		st, logits := n.forward(p, b, b.N)
+		if p.err != nil {
+			return 0, fmt.Errorf("gpu: forward: %w", p.err)
+		}
+		// d(mean CE × scale)/dlogits, written over the logits (no longer needed).
+		n.dev.SoftmaxXent(logits, loss, logits, labels, rows, classes, scale/float32(rows))
+		n.backward(p, st, logits, rows, beta)
+		if p.err != nil {
+			return 0, fmt.Errorf("gpu: backward: %w", p.err)
+		}
 	}
 	lossv := make([]float32, rows)
 	if err := n.dev.Download(lossv, loss); err != nil {
@@ -311,6 +347,64 @@ func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 		sum += float64(v)
 	}
 	return float32(sum / float64(rows)), nil
+}
+
+// ErrGradientLost is returned when a checkpointed backward pass runs out of memory after it
+// has added part of a micro-batch's gradient into an accumulating device gradient: the step's
+// gradient cannot be trusted, so the run stops rather than skip the micro-batch silently.
+var ErrGradientLost = errors.New("gpu: out of memory in the middle of a checkpointed backward pass while accumulating: the step's gradient is lost (lower train.micro_batch, or use fewer segments)")
+
+// runSegments is forward and backward with activation checkpointing: the forward pass keeps
+// only each segment's input, and the backward pass recomputes one segment's activations at a
+// time from it (the CPU engine's scheme, model/checkpoint.go). The recomputed operations are
+// the same, so the gradient is the plain run's, bit for bit.
+func (n *Net) runSegments(p *pass, b *data.Batch, labels, loss Buf, scale, beta float32) error {
+	rows, k := b.N, len(n.segs)
+	end := func(s int) int {
+		if s+1 < k {
+			return n.segs[s+1]
+		}
+		return len(n.spec.Layers)
+	}
+	st := make([]layerState, len(n.spec.Layers))
+	inputs := make([]Buf, k)
+	h := n.input(p, b, rows)
+	var mark int
+	for s := 0; s < k && p.err == nil; s++ {
+		inputs[s] = h
+		mark = len(p.bufs)
+		h = n.forwardRange(p, st, h, n.segs[s], end(s), rows)
+		if s < k-1 && p.err == nil {
+			p.release(mark, h) // the next segment's input is all that stays
+		}
+	}
+	if p.err != nil {
+		return fmt.Errorf("gpu: forward: %w", p.err)
+	}
+	n.dev.SoftmaxXent(h, loss, h, labels, rows, n.spec.Classes, scale/float32(rows))
+	dy := h
+	wrote := false
+	for s := k - 1; s >= 0; s-- {
+		if s < k-1 {
+			mark = len(p.bufs)
+			n.forwardRange(p, st, inputs[s], n.segs[s], end(s), rows)
+		}
+		if p.err == nil {
+			dy = n.backwardRange(p, st, dy, n.segs[s], end(s), rows, beta)
+		}
+		if p.err != nil {
+			if wrote && beta != 0 {
+				return fmt.Errorf("%w: %v", ErrGradientLost, p.err)
+			}
+			return fmt.Errorf("gpu: backward: %w", p.err)
+		}
+		wrote = true
+		if !dy.Valid() {
+			break // nothing below needs a gradient
+		}
+		p.release(mark, dy)
+	}
+	return nil
 }
 
 // labels validates and uploads the batch's labels.
@@ -356,20 +450,34 @@ func (n *Net) gradDone(tensor int, g Buf) {
 // forward runs the layers on the first rows samples of b and returns each layer's state and
 // the logits.
 func (n *Net) forward(p *pass, b *data.Batch, rows int) ([]layerState, Buf) {
-	x := p.alloc(rows*b.SampleSize, n.dt)
+	x := n.input(p, b, rows)
 	if p.err != nil {
 		return nil, Buf{}
 	}
-	n.dev.Upload(x, b.X[:rows*b.SampleSize])
 	st := make([]layerState, len(n.spec.Layers))
-	h := x
-	for i, l := range n.spec.Layers {
+	return st, n.forwardRange(p, st, x, 0, len(n.spec.Layers), rows)
+}
+
+// input uploads the first rows samples of b.
+func (n *Net) input(p *pass, b *data.Batch, rows int) Buf {
+	x := p.alloc(rows*b.SampleSize, n.dt)
+	if p.err == nil {
+		n.dev.Upload(x, b.X[:rows*b.SampleSize])
+	}
+	return x
+}
+
+// forwardRange runs layers [lo, hi) on h, recording their states in st, and returns the
+// output (an invalid Buf after an allocation failure, which p holds).
+func (n *Net) forwardRange(p *pass, st []layerState, h Buf, lo, hi, rows int) Buf {
+	for i := lo; i < hi; i++ {
+		l := n.spec.Layers[i]
 		st[i].in = h
 		switch l.Kind {
 		case model.Dense:
 			out := p.alloc(rows*l.Out, n.dt)
 			if p.err != nil {
-				return nil, Buf{}
+				return Buf{}
 			}
 			n.dev.Gemm(false, false, rows, l.Out, l.In, 1, h, n.tensor(l.Weight), 0, out)
 			n.dev.AddBias(out, n.tensor(l.Bias), rows, l.Out, false)
@@ -382,7 +490,7 @@ func (n *Net) forward(p *pass, b *data.Batch, rows int) ([]layerState, Buf) {
 			ycm := p.alloc(l.Out*rows*ohw, n.dt) // channel-major [out, rows·ohw]
 			out := p.alloc(rows*l.Out*ohw, n.dt)
 			if p.err != nil {
-				return nil, Buf{}
+				return Buf{}
 			}
 			n.dev.Im2Col(cols, h, rows, c, hh, w, l.Kernel, l.Pad)
 			n.dev.Gemm(false, false, l.Out, rows*ohw, ckk, 1, n.tensor(l.Weight), cols, 0, ycm)
@@ -397,7 +505,7 @@ func (n *Net) forward(p *pass, b *data.Batch, rows int) ([]layerState, Buf) {
 			out := p.alloc(rows*prod(l.OutShape), n.dt)
 			idx := p.alloc(rows*prod(l.OutShape), I32)
 			if p.err != nil {
-				return nil, Buf{}
+				return Buf{}
 			}
 			n.dev.MaxPool2(out, idx, h, rows*c, hh, w)
 			st[i].idx = idx
@@ -406,11 +514,11 @@ func (n *Net) forward(p *pass, b *data.Batch, rows int) ([]layerState, Buf) {
 			// NCHW is already [rows, c·h·w] row-major.
 		default:
 			p.err = fmt.Errorf("gpu: layer kind %v not supported", l.Kind)
-			return nil, Buf{}
+			return Buf{}
 		}
 		st[i].out = h
 	}
-	return st, h
+	return h
 }
 
 // bwdBufs is one layer's backward workspace.
@@ -418,9 +526,9 @@ type bwdBufs struct{ dx, dycm, dcols Buf }
 
 // backwardBuffers allocates the whole backward pass's workspace before any gradient is
 // written, so an out-of-memory failure never leaves a gradient half accumulated.
-func (n *Net) backwardBuffers(p *pass, rows int) []bwdBufs {
+func (n *Net) backwardBuffers(p *pass, lo, hi, rows int) []bwdBufs {
 	ws := make([]bwdBufs, len(n.spec.Layers))
-	for i := len(n.spec.Layers) - 1; i >= 0 && p.err == nil; i-- {
+	for i := hi - 1; i >= lo && p.err == nil; i-- {
 		l := n.spec.Layers[i]
 		switch l.Kind {
 		case model.Dense:
@@ -447,11 +555,19 @@ func (n *Net) backwardBuffers(p *pass, rows int) []bwdBufs {
 // backward propagates dy (the logits' gradient) down the layers, setting each trainable
 // tensor's gradient in n.grads to beta × itself plus this pass's.
 func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32) {
-	ws := n.backwardBuffers(p, rows)
+	n.backwardRange(p, st, dy, 0, len(n.spec.Layers), rows, beta)
+}
+
+// backwardRange propagates dy, the gradient at layer hi-1's output, down through layers
+// [lo, hi) and returns the gradient at layer lo's input, or an invalid Buf when nothing below
+// needs it (or an allocation failed, which p holds). All the range's workspace is allocated
+// before its first gradient write.
+func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, beta float32) Buf {
+	ws := n.backwardBuffers(p, lo, hi, rows)
 	if p.err != nil {
-		return
+		return Buf{}
 	}
-	for i := len(n.spec.Layers) - 1; i >= 0; i-- {
+	for i := hi - 1; i >= lo; i-- {
 		l := n.spec.Layers[i]
 		s, w := st[i], ws[i]
 		switch l.Kind {
@@ -465,7 +581,7 @@ func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32)
 				n.gradDone(l.Bias, gb)
 			}
 			if !n.needDx[i] {
-				return
+				return Buf{}
 			}
 			n.dev.Gemm(false, true, rows, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, w.dx)
 			dy = w.dx
@@ -483,7 +599,7 @@ func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32)
 				n.gradDone(l.Bias, gb)
 			}
 			if !n.needDx[i] {
-				return
+				return Buf{}
 			}
 			n.dev.Gemm(true, false, ckk, rows*ohw, l.Out, 1, n.tensor(l.Weight), w.dycm, 0, w.dcols)
 			n.dev.Col2Im(w.dx, w.dcols, rows, c, hh, ww, l.Kernel, l.Pad)
@@ -496,6 +612,7 @@ func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32)
 		case model.Flatten:
 		}
 	}
+	return dy
 }
 
 // Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples and sums their loss

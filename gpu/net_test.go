@@ -311,3 +311,95 @@ func TestCopyPaths(t *testing.T) {
 		})
 	}
 }
+
+// TestNetCheckpointing: with activation checkpointing the gradient is the plain run's bit for
+// bit (the recomputed operations are the same), accumulation across micro-batches too, and
+// the device's peak allocation is lower.
+func TestNetCheckpointing(t *testing.T) {
+	cfg := model.Config{Type: model.TypeCNN, Channels: []int{4, 6}, Kernel: 3, Hidden: []int{16, 12}}
+	spec, err := model.NewSpec(cfg, []int{1, 12, 12}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := model.NewLayout(spec)
+	w := make([]float32, layout.Size)
+	model.Init(spec, layout, w, 5)
+	const micro = 6
+	run := func(segments int, beta bool) ([]float32, int64) {
+		alloc := NewAllocator(NewHost())
+		n, err := NewNet(alloc, spec, layout, append([]float32(nil), w...), Options{MicroBatch: micro, EvalBatch: micro, Segments: segments})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		alloc.ResetPeaks()
+		for k := uint64(0); k < 2; k++ {
+			if _, err := n.AccumulateMicro(randomBatch(micro, 144, 4, 20+k), 8, k == 0 || !beta); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g := make([]float32, layout.Trainable())
+		if err := n.dev.Download(g, n.grads); err != nil {
+			t.Fatal(err)
+		}
+		return g, alloc.Stats().MaxAllocated
+	}
+	plain, peak1 := run(1, true)
+	for _, k := range []int{2, 3} {
+		got, peak := run(k, true)
+		for i := range plain {
+			if math.Float32bits(plain[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("%d segments: gradient[%d] = %v, plain %v", k, i, got[i], plain[i])
+			}
+		}
+		t.Logf("%d segments: peak %d B, plain %d B", k, peak, peak1)
+		if peak >= peak1 {
+			t.Errorf("%d segments: peak %d B, not below the plain run's %d B", k, peak, peak1)
+		}
+	}
+	if _, err := NewNet(NewAllocator(NewHost()), spec, layout, w, Options{MicroBatch: 2, EvalBatch: 2, Segments: 9}); err == nil {
+		t.Error("9 segments of a 4-weight-layer net accepted")
+	}
+}
+
+// TestNetCheckpointingOOM: an allocation failure during a checkpointed micro-batch is an
+// out-of-memory skip while nothing was added to the gradient, and ErrGradientLost (not a
+// skip) once part of it was added into an accumulating gradient.
+func TestNetCheckpointingOOM(t *testing.T) {
+	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{16, 12, 8}}
+	spec, _ := model.NewSpec(cfg, []int{1, 6, 6}, 4)
+	layout := model.NewLayout(spec)
+	w := make([]float32, layout.Size)
+	model.Init(spec, layout, w, 5)
+	alloc := NewAllocator(NewHost())
+	n, err := NewNet(alloc, spec, layout, w, Options{MicroBatch: 4, EvalBatch: 4, Segments: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	b := randomBatch(4, 36, 4, 1)
+	var skips, lost int
+	for k := 1; k < 60; k++ {
+		if _, err := n.AccumulateMicro(b, 1, true); err != nil {
+			t.Fatal(err)
+		}
+		alloc.FailAfter(k)
+		_, err := n.AccumulateMicro(b, 1, false)
+		alloc.ClearFailure()
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrGradientLost):
+			if errors.Is(err, memory.ErrOutOfMemory) {
+				t.Fatalf("a lost gradient must not look like a skippable OOM: %v", err)
+			}
+			lost++
+		case errors.Is(err, memory.ErrOutOfMemory):
+			skips++
+		default:
+			t.Fatalf("failure at allocation %d: %v", k, err)
+		}
+	}
+	if skips == 0 || lost == 0 {
+		t.Fatalf("%d skippable failures, %d lost gradients: both paths should occur", skips, lost)
+	}
+}

@@ -76,7 +76,8 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 	alloc := gpu.NewAllocator(dev)
 	e.closers = append(e.closers, alloc.Close)
 	opts := func(micro int) gpu.Options {
-		return gpu.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Precision: cfg.Train.Format()}
+		return gpu.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Precision: cfg.Train.Format(),
+			Segments: cfg.Model.ActivationCheckpointing.Segments}
 	}
 	net, err := gpu.NewNet(alloc, spec, layout, params, opts(cfg.Train.MicroBatch))
 	if err != nil {
