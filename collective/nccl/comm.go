@@ -390,22 +390,11 @@ func (c *Comm) Broadcast(ctx context.Context, buf []float32, root int, cl collec
 
 // Barrier returns once every rank has entered it: the call-description all-reduce alone.
 func (c *Comm) Barrier(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	tag, name, err := c.begin(kindBarrier, 0)
+	ctx, tag, name, done, err := c.open(ctx, kindBarrier, 0)
 	if err != nil {
 		return err
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, expired(ctx))
-	}
-	ctx, cancel := bounded(ctx, c.timeout)
-	defer cancel()
-	leave, err := c.enter()
-	if err != nil {
-		return err
-	}
-	defer leave()
+	defer done()
 	if err := c.agree(ctx, desc{kind: kindBarrier, tag: tag}); err != nil {
 		if errors.Is(err, collective.ErrProtocol) {
 			return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, err)
@@ -419,22 +408,11 @@ func (c *Comm) Barrier(ctx context.Context) error {
 // of one, which otherwise leaves data untouched by running in fp32.
 func (c *Comm) host(ctx context.Context, k kind, buf []float32, shards collective.Shards, op collective.Op, root int, cl collective.Call, keepWire bool) error {
 	verr := validate(k, len(buf), c.size, shards, op, root, cl)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	tag, name, err := c.begin(k, cl.Tag)
+	ctx, tag, name, done, err := c.open(ctx, k, cl.Tag)
 	if err != nil {
 		return err
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, expired(ctx))
-	}
-	ctx, cancel := bounded(ctx, c.timeout)
-	defer cancel()
-	leave, err := c.enter()
-	if err != nil {
-		return err
-	}
-	defer leave()
+	defer done()
 	wire := cl.Wire
 	if c.size == 1 && !keepWire {
 		wire = half.FP32
@@ -642,28 +620,42 @@ func (c *Comm) BroadcastDevice(ctx context.Context, ptr uint64, n int, t half.Fo
 	return c.deviceCall(ctx, kindBroadcast, ptr, n, nil, t, collective.Sum, root)
 }
 
+// open is the prologue every call shares: it takes the communicator's lock (NCCL matches
+// calls by order, so a Comm runs one at a time), numbers the call, refuses an expired
+// context, bounds the call by the communicator's timeout and makes the device's context
+// current. done undoes all of it.
+func (c *Comm) open(ctx context.Context, k kind, userTag uint64) (context.Context, uint64, string, func(), error) {
+	c.mu.Lock()
+	tag, name, err := c.begin(k, userTag)
+	if err != nil {
+		c.mu.Unlock()
+		return ctx, 0, "", nil, err
+	}
+	if ctx.Err() != nil {
+		c.mu.Unlock()
+		return ctx, 0, "", nil, fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, expired(ctx))
+	}
+	ctx, cancel := bounded(ctx, c.timeout)
+	leave, err := c.enter()
+	if err != nil {
+		cancel()
+		c.mu.Unlock()
+		return ctx, 0, "", nil, err
+	}
+	return ctx, tag, name, func() { leave(); cancel(); c.mu.Unlock() }, nil
+}
+
 // deviceCall is every device-buffer collective.
 func (c *Comm) deviceCall(ctx context.Context, k kind, ptr uint64, n int, shards collective.Shards, t half.Format, op collective.Op, root int) error {
 	verr := validate(k, n, c.size, shards, op, root, collective.Call{Wire: t})
 	if verr == nil && ptr == 0 && n > 0 {
 		verr = errors.New("null device pointer")
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	tag, name, err := c.begin(k, 0)
+	ctx, tag, name, done, err := c.open(ctx, k, 0)
 	if err != nil {
 		return err
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, expired(ctx))
-	}
-	ctx, cancel := bounded(ctx, c.timeout)
-	defer cancel()
-	leave, err := c.enter()
-	if err != nil {
-		return err
-	}
-	defer leave()
+	defer done()
 	eb := int64(t.Bytes())
 	m := int64(maxShard(shards))
 	even := true
