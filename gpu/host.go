@@ -266,15 +266,20 @@ func (h *Host) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, b
 	}
 }
 
+// biasLen is the length of a per-column (or, perRow, per-row) vector of a rows×cols matrix.
+func biasLen(rows, cols int, perRow bool) int {
+	if perRow {
+		return rows
+	}
+	return cols
+}
+
 func (h *Host) AddBias(y, bias Buf, rows, cols int, perRow bool) {
 	Y, B := h.f(y), h.f(bias)
 	if Y == nil || B == nil {
 		return
 	}
-	want := cols
-	if perRow {
-		want = rows
-	}
+	want := biasLen(rows, cols, perRow)
 	if !h.check(len(Y) == rows*cols && len(B) == want, "add_bias %dx%d with %d biases", rows, cols, len(B)) {
 		return
 	}
@@ -296,10 +301,7 @@ func (h *Host) SumRows(dst, src Buf, rows, cols int, perRow bool, beta float32) 
 	if D == nil || S == nil {
 		return
 	}
-	want := cols
-	if perRow {
-		want = rows
-	}
+	want := biasLen(rows, cols, perRow)
 	if !h.check(len(S) == rows*cols && len(D) == want, "sum_rows %dx%d into %d", rows, cols, len(D)) {
 		return
 	}

@@ -438,18 +438,8 @@ func (c *Comm) host(ctx context.Context, k kind, buf []float32, shards collectiv
 	if verr != nil {
 		d = desc{kind: kindInvalid, tag: tag, n: len(buf)}
 	}
-	if c.size > 1 {
-		if err := c.agree(ctx, d); err != nil {
-			if !errors.Is(err, collective.ErrProtocol) {
-				return c.fail(name, errors.Join(verr, err))
-			}
-			if verr == nil {
-				return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, err)
-			}
-		}
-	}
-	if verr != nil {
-		return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, verr)
+	if err := c.agreeCall(ctx, d, name, verr); err != nil {
+		return err
 	}
 	if err := c.hostRun(ctx, k, buf, shards, op, root, wire); err != nil {
 		return c.fail(name, err)
@@ -645,6 +635,26 @@ func (c *Comm) open(ctx context.Context, k kind, userTag uint64) (context.Contex
 	return ctx, tag, name, func() { leave(); cancel(); c.mu.Unlock() }, nil
 }
 
+// agreeCall has the ranks compare the call d (in a group) and returns the error that ends it:
+// a mismatch between ranks, a failed exchange, or this rank's own invalid arguments verr
+// (reported after the exchange, so the other ranks fail with a mismatch instead of waiting).
+func (c *Comm) agreeCall(ctx context.Context, d desc, name string, verr error) error {
+	if c.size > 1 {
+		if err := c.agree(ctx, d); err != nil {
+			if !errors.Is(err, collective.ErrProtocol) {
+				return c.fail(name, errors.Join(verr, err))
+			}
+			if verr == nil {
+				return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, err)
+			}
+		}
+	}
+	if verr != nil {
+		return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, verr)
+	}
+	return nil
+}
+
 // deviceCall is every device-buffer collective.
 func (c *Comm) deviceCall(ctx context.Context, k kind, ptr uint64, n int, shards collective.Shards, t half.Format, op collective.Op, root int) error {
 	verr := validate(k, n, c.size, shards, op, root, collective.Call{Wire: t})
@@ -672,18 +682,8 @@ func (c *Comm) deviceCall(ctx context.Context, k kind, ptr uint64, n int, shards
 	if verr != nil {
 		d = desc{kind: kindInvalid, tag: tag, n: n}
 	}
-	if c.size > 1 {
-		if err := c.agree(ctx, d); err != nil {
-			if !errors.Is(err, collective.ErrProtocol) {
-				return c.fail(name, errors.Join(verr, err))
-			}
-			if verr == nil {
-				return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, err)
-			}
-		}
-	}
-	if verr != nil {
-		return fmt.Errorf("nccl %s on rank %d: %w", name, c.rank, verr)
+	if err := c.agreeCall(ctx, d, name, verr); err != nil {
+		return err
 	}
 	if err := c.deviceRun(ctx, k, uintptr(ptr), n, shards, m, even, t, op, root); err != nil {
 		return c.fail(name, err)
