@@ -219,7 +219,7 @@ func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, 
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		if err := m.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := m.server.Serve(grpcnet.Listener(lis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			log.Error("gRPC server stopped", zap.Error(err))
 		}
 	}()

@@ -65,7 +65,7 @@ func newNode(t testing.TB, tune tuning, mem bool, extra ...grpc.ServerOption) *n
 		if err != nil {
 			t.Fatal(err)
 		}
-		lis, n.addr = l, l.Addr().String()
+		lis, n.addr = Listener(l), l.Addr().String()
 	}
 	go func() {
 		defer close(n.done)

@@ -184,6 +184,7 @@ func (o *outLink) dialer(dial func(context.Context, string) (net.Conn, error)) f
 		if err != nil {
 			return nil, err
 		}
+		c = wrapConn(c)
 		o.conns.Lock()
 		o.conns.list = append(o.conns.list, c)
 		o.conns.Unlock()
