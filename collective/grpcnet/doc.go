@@ -3,7 +3,8 @@
 // registers its services on the same server).
 //
 // Lifecycle. A process builds its server with ServerOptions, calls NewHub on it before it
-// serves, and, when a job's roster is known, Hub.Transport for that job: a Group with the
+// serves, serves it on Listener(l) (frame-header read-ahead: one syscall per received HTTP/2
+// frame instead of two; a plain listener works too, slower), and, when a job's roster is known, Hub.Transport for that job: a Group with the
 // job id, this rank, every rank's server address and the job's secret. One Hub serves any
 // number of jobs: an incoming stream claims a job (gRPC metadata) and is handed to that
 // job's transport only if its hello verifies with that job's secret, so two jobs on one Hub
