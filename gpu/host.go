@@ -361,10 +361,20 @@ func (h *Host) Transpose01(dst, src Buf, a, b, r int) {
 	}
 }
 
+// convShapes checks an image buffer x (n×c×hh×w) against its unfolded columns cols
+// ((c·k·k)×(n·oh·ow)) for a k×k, stride-1 convolution and returns the output size; false
+// (with the error latched) if either buffer is missing or the shapes disagree.
+func (h *Host) convShapes(op string, cols, x []float32, n, c, hh, w, k, pad int) (oh, ow int, ok bool) {
+	oh, ow = hh+2*pad-k+1, w+2*pad-k+1
+	ok = cols != nil && x != nil &&
+		h.check(len(x) == n*c*hh*w && len(cols) == c*k*k*n*oh*ow && oh > 0 && ow > 0, "%s shapes", op)
+	return oh, ow, ok
+}
+
 func (h *Host) Im2Col(cols, x Buf, n, c, hh, w, k, pad int) {
 	C, X := h.f(cols), h.f(x)
-	oh, ow := hh+2*pad-k+1, w+2*pad-k+1
-	if C == nil || X == nil || !h.check(len(X) == n*c*hh*w && len(C) == c*k*k*n*oh*ow && oh > 0 && ow > 0, "im2col shapes") {
+	oh, ow, ok := h.convShapes("im2col", C, X, n, c, hh, w, k, pad)
+	if !ok {
 		return
 	}
 	npix := n * oh * ow
@@ -391,8 +401,8 @@ func (h *Host) Im2Col(cols, x Buf, n, c, hh, w, k, pad int) {
 
 func (h *Host) Col2Im(dx, cols Buf, n, c, hh, w, k, pad int) {
 	D, C := h.f(dx), h.f(cols)
-	oh, ow := hh+2*pad-k+1, w+2*pad-k+1
-	if D == nil || C == nil || !h.check(len(D) == n*c*hh*w && len(C) == c*k*k*n*oh*ow && oh > 0 && ow > 0, "col2im shapes") {
+	oh, ow, ok := h.convShapes("col2im", C, D, n, c, hh, w, k, pad)
+	if !ok {
 		return
 	}
 	npix := n * oh * ow

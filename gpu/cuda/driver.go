@@ -38,8 +38,6 @@ type driverError struct {
 
 func (e driverError) Error() string { return fmt.Sprintf("%s: CUresult %d", e.call, e.code) }
 
-func (e driverError) outOfMemory() bool { return e.code == C.CUDA_ERROR_OUT_OF_MEMORY }
-
 // pinned is page-locked host memory (cuMemAllocHost), which the copy engines read and write
 // directly, so an asynchronous copy from it really is asynchronous.
 type pinned struct {
