@@ -12,21 +12,34 @@ rounds=${2:-5}
 mpicc -O3 -march=native -o bin/mpi_allreduce bench/mpi_allreduce.c -lm
 root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+# busbw is the last column of both reports' data lines (size … time algbw busbw), and the time
+# the one two before it. Taking the column from the end keeps the two reports comparable though
+# qvd's lines carry a rank prefix and a count column that OpenMPI's do not (an earlier version
+# took qvd's algbw by position: the same figure at 2 ranks, 1.5× too low at 4). Each value is
+# printed as busbw/time(ms), and the time is checked against the busbw it implies.
+busbw() {
+  awk -v re="$1" -v n="$np" '$0 ~ re {
+    bus = $NF; alg = $(NF-1); t = $(NF-2) / 1e3
+    if (alg <= 0 || (bus / alg - 2 * (n - 1) / n) ^ 2 > 1e-4) { print "bad-report"; exit 1 }
+    printf "%s/%.1f\n", bus, t }'
+}
 declare -A res
 for np in ${NPROC:-2 4}; do
   for r in $(seq "$rounds"); do
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | awk '!/^#/{print $4}')
+    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]')
     res["mpi-tcp,$np"]+="$v "
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | awk '!/^#/{print $4}')
+    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]')
     res["mpi-shm,$np"]+="$v "
     for t in grpc tcp; do
-      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters "${ITERS:-10}" 2>/dev/null | awk '/^\[rank 0\] +[0-9]/{print $6}')
+      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters "${ITERS:-10}" 2>/dev/null | busbw '^\[rank 0\] +[0-9]')
       res["qvd-$t,$np"]+="$v "
     done
   done
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-printf "%-10s %6s %12s   %s\n" impl ranks "busbw(GB/s)" "all runs"
+printf "%-10s %6s %12s %14s   %s\n" impl ranks "busbw(GB/s)" "time(ms)" "all runs (busbw/time)"
 for k in $(printf "%s\n" "${!res[@]}" | sort -t, -k2n -k1); do
-  printf "%-10s %6s %12s   %s\n" "${k%,*}" "${k#*,}" "$(echo "${res[$k]}" | median)" "${res[$k]}"
+  printf "%-10s %6s %12s %14s   %s\n" "${k%,*}" "${k#*,}" \
+    "$(echo "${res[$k]}" | tr ' ' '\n' | cut -d/ -f1 | median)" \
+    "$(echo "${res[$k]}" | tr ' ' '\n' | grep / | cut -d/ -f2 | median)" "${res[$k]}"
 done
