@@ -15,6 +15,7 @@ import (
 
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/pinned"
 )
 
 // closeTimeout bounds how long Close waits for ncclCommFinalize before aborting instead.
@@ -48,9 +49,9 @@ type Comm struct {
 
 	dbuf   cu.DevicePtr // device staging (host calls) and scratch (device calls with uneven shards)
 	dcap   int64
-	hbuf   pinned // host staging
+	hbuf   pinned.Buffer // host staging
 	agreeD cu.DevicePtr
-	agreeH pinned
+	agreeH pinned.Buffer
 }
 
 var _ collective.Communicator = (*Comm)(nil)
@@ -124,7 +125,7 @@ func (c *Comm) setup() error {
 	if c.agreeD, err = cu.MemAlloc(agreeBytes); err != nil {
 		return fmt.Errorf("nccl: GPU %d: %w", c.device, err)
 	}
-	if err := c.agreeH.alloc(agreeBytes); err != nil {
+	if err := c.agreeH.Alloc(agreeBytes); err != nil {
 		return fmt.Errorf("nccl: GPU %d: %w", c.device, err)
 	}
 	return nil
@@ -333,11 +334,11 @@ func (c *Comm) ensureDevice(n int64) error {
 
 // ensureHost makes the pinned staging buffer hold at least n bytes.
 func (c *Comm) ensureHost(n int64) error {
-	if n <= c.hbuf.n {
+	if n <= int64(c.hbuf.Len()) {
 		return nil
 	}
 	n = (n + 1<<20 - 1) &^ (1<<20 - 1)
-	if err := c.hbuf.alloc(n); err != nil {
+	if err := c.hbuf.Alloc(int(n)); err != nil {
 		return fmt.Errorf("nccl: pinned staging of %d bytes: %w", n, err)
 	}
 	return nil
@@ -348,16 +349,16 @@ func (c *Comm) streamHandle() uintptr { return uintptr(unsafe.Pointer(c.stream.C
 // agree all-reduces the call's description (max of its words and of their complements) and
 // fails the call on every rank when the ranks described different calls.
 func (c *Comm) agree(ctx context.Context, d desc) error {
-	buf := unsafe.Slice((*uint64)(c.agreeH.p), 2*descWords)
+	buf := unsafe.Slice((*uint64)(c.agreeH.Ptr()), 2*descWords)
 	d.agreeBuf(buf)
-	if err := cu.MemcpyHtoDAsync(c.agreeD, c.agreeH.p, agreeBytes, c.stream); err != nil {
+	if err := cu.MemcpyHtoDAsync(c.agreeD, c.agreeH.Ptr(), agreeBytes, c.stream); err != nil {
 		return fmt.Errorf("copying the call's description to GPU %d: %w", c.device, err)
 	}
 	p := uintptr(c.agreeD)
 	if err := c.issue(ctx, "ncclAllReduce", c.lib.allReduce(p, p, 2*descWords, ncclUint64, ncclMax, c.comm, c.streamHandle())); err != nil {
 		return err
 	}
-	if err := cu.MemcpyDtoHAsync(c.agreeH.p, c.agreeD, agreeBytes, c.stream); err != nil {
+	if err := cu.MemcpyDtoHAsync(c.agreeH.Ptr(), c.agreeD, agreeBytes, c.stream); err != nil {
 		return fmt.Errorf("copying the calls' descriptions from GPU %d: %w", c.device, err)
 	}
 	if err := c.sync(ctx); err != nil {
@@ -452,7 +453,7 @@ func (c *Comm) host(ctx context.Context, k kind, buf []float32, shards collectiv
 func (c *Comm) hostRun(ctx context.Context, k kind, buf []float32, shards collective.Shards, op collective.Op, root int, wire half.Format) error {
 	eb := int64(wire.Bytes())
 	dt := dataType(wire)
-	h := c.hbuf.bytes()
+	h := c.hbuf.Bytes(c.hbuf.Len())
 	d := uintptr(c.dbuf)
 	st := c.streamHandle()
 	switch k {
@@ -547,7 +548,7 @@ func (c *Comm) hostRun(ctx context.Context, k kind, buf []float32, shards collec
 // upload queues a copy of bytes [off, off+n) of the pinned staging buffer to the same offset
 // of the device one.
 func (c *Comm) upload(off, n int64) error {
-	if err := cu.MemcpyHtoDAsync(c.dbuf+cu.DevicePtr(off), c.hbuf.at(off), n, c.stream); err != nil {
+	if err := cu.MemcpyHtoDAsync(c.dbuf+cu.DevicePtr(off), c.hbuf.At(int(off)), n, c.stream); err != nil {
 		return fmt.Errorf("copying %d bytes to GPU %d: %w", n, c.device, err)
 	}
 	return nil
@@ -555,7 +556,7 @@ func (c *Comm) upload(off, n int64) error {
 
 // download queues the copy back.
 func (c *Comm) download(off, n int64) error {
-	if err := cu.MemcpyDtoHAsync(c.hbuf.at(off), c.dbuf+cu.DevicePtr(off), n, c.stream); err != nil {
+	if err := cu.MemcpyDtoHAsync(c.hbuf.At(int(off)), c.dbuf+cu.DevicePtr(off), n, c.stream); err != nil {
 		return fmt.Errorf("copying %d bytes from GPU %d: %w", n, c.device, err)
 	}
 	return nil
@@ -811,8 +812,8 @@ func (c *Comm) release() error {
 			_ = cu.MemFree(c.agreeD)
 			c.agreeD = 0
 		}
-		c.hbuf.free()
-		c.agreeH.free()
+		c.hbuf.Free()
+		c.agreeH.Free()
 		if c.hasStream {
 			_ = c.stream.Destroy()
 			c.hasStream = false

@@ -9,6 +9,7 @@ import (
 
 	"github.com/qvd/qvd/gpu"
 	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/internal/pinned"
 	"github.com/qvd/qvd/internal/vec"
 )
 
@@ -88,9 +89,9 @@ func (d *Device) DownloadAsync(dst []float32, src gpu.Buf) {
 		return
 	}
 	size := (src.Bytes() + 255) &^ 255
-	if d.dlUsed+size > d.dlStage.n {
+	if d.dlUsed+size > d.dlStage.Len() {
 		// Grow only when no copy uses the memory: convert what is pending first.
-		if !d.drainDownloads() || !d.check("DownloadAsync: cuMemAllocHost", d.dlStage.alloc(max(size, 2*d.dlStage.n))) {
+		if !d.drainDownloads() || !d.check("DownloadAsync: cuMemAllocHost", d.dlStage.Alloc(max(size, 2*d.dlStage.Len()))) {
 			return
 		}
 	}
@@ -98,7 +99,7 @@ func (d *Device) DownloadAsync(dst []float32, src gpu.Buf) {
 		!d.check("DownloadAsync: cuStreamWaitEvent", d.copy.Wait(d.computeEv, 0)) {
 		return
 	}
-	at := unsafe.Add(d.dlStage.p, d.dlUsed)
+	at := d.dlStage.At(d.dlUsed)
 	if !d.check("DownloadAsync: cuMemcpyDtoHAsync", cu.MemcpyDtoHAsync(at, cu.DevicePtr(src.Addr()), int64(src.Bytes()), d.copy)) {
 		return
 	}
@@ -130,7 +131,7 @@ func (d *Device) drainDownloads() bool {
 		return false
 	}
 	for _, p := range d.dlPending {
-		decode(p.t, p.dst, unsafe.Slice((*byte)(unsafe.Add(d.dlStage.p, p.off)), len(p.dst)*p.t.Size()))
+		decode(p.t, p.dst, d.dlStage.Bytes(p.off + len(p.dst)*p.t.Size())[p.off:])
 	}
 	d.dlPending, d.dlUsed = d.dlPending[:0], 0
 	return true
@@ -147,9 +148,9 @@ func (d *Device) upload(what string, st *stager, stream cu.Stream, dst gpu.Buf, 
 		if !d.check(what, err) {
 			return
 		}
-		fill(buf.bytes(n*size), off, n)
+		fill(buf.Bytes(n*size), off, n)
 		at := cu.DevicePtr(dst.Addr() + uint64(off*size))
-		if !d.check(what+": cuMemcpyHtoDAsync", cu.MemcpyHtoDAsync(at, buf.p, int64(n*size), stream)) ||
+		if !d.check(what+": cuMemcpyHtoDAsync", cu.MemcpyHtoDAsync(at, buf.Ptr(), int64(n*size), stream)) ||
 			!d.check(what, st.queued(i, stream)) {
 			return
 		}
@@ -180,14 +181,14 @@ func (d *Device) download(dst []float32, src gpu.Buf) {
 	per := stageChunk / size
 	type chunk struct {
 		slot, off, n int
-		buf          *pinned
+		buf          *pinned.Buffer
 	}
 	var prev chunk
 	drain := func(c chunk) bool {
 		if !d.check("Download", d.stage.wait(c.slot)) {
 			return false
 		}
-		decode(src.T, dst[c.off:c.off+c.n], c.buf.bytes(c.n*size))
+		decode(src.T, dst[c.off:c.off+c.n], c.buf.Bytes(c.n*size))
 		return true
 	}
 	// Chunk k's copy is queued before chunk k-1 is converted, so the two overlap.
@@ -198,7 +199,7 @@ func (d *Device) download(dst []float32, src gpu.Buf) {
 			return
 		}
 		from := cu.DevicePtr(src.Addr() + uint64(off*size))
-		if !d.check("Download: cuMemcpyDtoHAsync", cu.MemcpyDtoHAsync(buf.p, from, int64(n*size), d.stream)) ||
+		if !d.check("Download: cuMemcpyDtoHAsync", cu.MemcpyDtoHAsync(buf.Ptr(), from, int64(n*size), d.stream)) ||
 			!d.check("Download", d.stage.queued(i, d.stream)) {
 			return
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/qvd/qvd/gpu"
 	"github.com/qvd/qvd/gpu/cuda/kernels"
+	"github.com/qvd/qvd/internal/pinned"
 	"github.com/qvd/qvd/memory"
 )
 
@@ -36,7 +37,7 @@ type Device struct {
 	stage     stager // Upload and Download
 	copyStage stager // UploadAsync
 	// DownloadAsync's pinned memory and the copies WaitDownloads converts from it.
-	dlStage    pinned
+	dlStage    pinned.Buffer
 	dlUsed     int
 	dlPending  []pendingDownload
 	computeEv  cu.Event // marks the compute stream's queue for the copy stream to wait on
@@ -165,7 +166,7 @@ func (d *Device) release() error {
 	}
 	d.stage.free()
 	d.copyStage.free()
-	d.dlStage.free()
+	d.dlStage.Free()
 	for _, ev := range []*cu.Event{&d.computeEv, &d.copyDoneEv} {
 		if *ev != (cu.Event{}) {
 			keep("cuEventDestroy", cu.DestroyEvent(ev))

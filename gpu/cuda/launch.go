@@ -11,6 +11,7 @@ import (
 
 	"github.com/qvd/qvd/gpu"
 	"github.com/qvd/qvd/gpu/cuda/kernels"
+	"github.com/qvd/qvd/internal/pinned"
 )
 
 // Block shapes, as kernels.cu defines them (THREADS, TILE).
@@ -121,7 +122,7 @@ const stageChunk = 8 << 20
 // overlaps the copy of the other, and a chunk is never rewritten while a queued copy may
 // still read it: each chunk's event marks its last copy.
 type stager struct {
-	slot [2]pinned
+	slot [2]pinned.Buffer
 	ev   [2]cu.Event
 	busy [2]bool
 	next int
@@ -139,14 +140,14 @@ func (s *stager) init() error {
 }
 
 // take returns the next chunk, once its last copy has completed, allocating it on first use.
-func (s *stager) take() (int, *pinned, error) {
+func (s *stager) take() (int, *pinned.Buffer, error) {
 	i := s.next
 	s.next ^= 1
 	if err := s.wait(i); err != nil {
 		return i, nil, err
 	}
-	if s.slot[i].p == nil {
-		if err := s.slot[i].alloc(stageChunk); err != nil {
+	if s.slot[i].Ptr() == nil {
+		if err := s.slot[i].Alloc(stageChunk); err != nil {
 			return i, nil, err
 		}
 	}
@@ -181,7 +182,7 @@ func (s *stager) free() {
 			s.wait(i)
 			cu.DestroyEvent(&s.ev[i])
 		}
-		s.slot[i].free()
+		s.slot[i].Free()
 		s.busy[i] = false
 	}
 }
