@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qvd/qvd/internal/leakcheck"
 )
 
 // epochSequence is the trainer's sequence for one epoch: micro-batches of m taken in order
@@ -26,24 +27,10 @@ func prefetchDataset() *Dataset {
 	return d
 }
 
-// checkNoLeak fails t if goroutines started during the test are still running at its end.
-func checkNoLeak(t *testing.T) {
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(2 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			t.Errorf("%d goroutines leaked", n-before)
-		}
-	})
-}
-
 // TestPrefetchMatchesFill: at every depth the batches are exactly Fill's, in order, across
 // several sequences (epochs) with a new permutation each, and the sequence ends cleanly.
 func TestPrefetchMatchesFill(t *testing.T) {
-	checkNoLeak(t)
+	leakcheck.Check(t, nil)
 	d := prefetchDataset()
 	norm := DefaultConfig().Normalize
 	const m = 7
@@ -95,7 +82,7 @@ func TestPrefetchMatchesFill(t *testing.T) {
 // TestPrefetchErrorInOrder: a Fill error reaches the consumer after every batch before it,
 // and ends the sequence.
 func TestPrefetchErrorInOrder(t *testing.T) {
-	checkNoLeak(t)
+	leakcheck.Check(t, nil)
 	d := prefetchDataset()
 	bad := []int32{1, 2, int32(d.N)} // out of range
 	for _, depth := range []int{0, 3} {
@@ -150,7 +137,7 @@ func identity(n int) []int32 {
 // TestPrefetchStopMidSequence: Start and Close in the middle of a sequence stop the producer
 // (no leak) and drop what it had filled; a later sequence starts at its own first batch.
 func TestPrefetchStopMidSequence(t *testing.T) {
-	checkNoLeak(t)
+	leakcheck.Check(t, nil)
 	d := prefetchDataset()
 	norm := DefaultConfig().Normalize
 	perm := identity(d.N)
@@ -179,7 +166,7 @@ func TestPrefetchStopMidSequence(t *testing.T) {
 // TestPrefetchNextHonoursContext: a consumer waiting for a producer that cannot go on (its
 // Indices blocks) gets ctx's error instead of hanging.
 func TestPrefetchNextHonoursContext(t *testing.T) {
-	checkNoLeak(t)
+	leakcheck.Check(t, nil)
 	d := prefetchDataset()
 	p, err := NewPrefetcher(d, DefaultConfig().Normalize, 2, 1)
 	if err != nil {

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/leakcheck"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/model"
 )
@@ -21,26 +20,11 @@ func withPrefetch(tr *Trainer, depth int) *Trainer {
 	return tr
 }
 
-// noLeak fails t if goroutines started during the test are still running after its
-// trainers are closed (the Cleanups registered before it run after it).
-func noLeak(t *testing.T) {
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(2 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			t.Errorf("%d goroutines leaked", n-before)
-		}
-	})
-}
-
 // TestPrefetchBitIdentical: prefetching changes nothing: the same batches in the same order,
 // so the same losses and the same final weights, bit for bit — across epoch boundaries,
 // with accumulation, and in a data-parallel group where each rank prefetches its share.
 func TestPrefetchBitIdentical(t *testing.T) {
-	noLeak(t)
+	leakcheck.Check(t, nil)
 	r := defaultRun()
 	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
 	r.cfg.MaxSteps = 13 // 5 steps per epoch: two epoch boundaries, and a stop mid-epoch
@@ -98,7 +82,7 @@ func TestPrefetchBitIdentical(t *testing.T) {
 // an uninterrupted run without prefetch, bit for bit; the resumed run starts its prefetch
 // mid-epoch, at the checkpoint's position.
 func TestPrefetchResume(t *testing.T) {
-	noLeak(t)
+	leakcheck.Check(t, nil)
 	r := defaultRun()
 	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
 	const total, stopAfter = 13, 7 // stops mid-epoch 2
@@ -137,7 +121,7 @@ func TestPrefetchResume(t *testing.T) {
 // equals the one without prefetch bit for bit (the same skipped micro-batches, the same
 // halving, the same batches afterwards).
 func TestPrefetchAdapt(t *testing.T) {
-	noLeak(t)
+	leakcheck.Check(t, nil)
 	r := defaultRun()
 	r.opt.Type, r.opt.LR, r.opt.Momentum = "sgd", 0.05, 0.9
 	r.cfg.MicroBatch, r.cfg.Accum, r.cfg.MaxSteps = 16, 1, 12 // 10 steps per epoch
@@ -166,7 +150,7 @@ func TestPrefetchAdapt(t *testing.T) {
 // TestPrefetchFillErrorReachesStep: a fill error on the producer goroutine fails the step
 // that would have used the batch, with the step and micro-batch named, as without prefetch.
 func TestPrefetchFillErrorReachesStep(t *testing.T) {
-	noLeak(t)
+	leakcheck.Check(t, nil)
 	for _, depth := range []int{0, 2} {
 		r := defaultRun()
 		r.cfg.MaxSteps = 4

@@ -313,11 +313,7 @@ func (d *Device) Sync() error {
 	err := d.enter()
 	defer d.exit()
 	if err == nil {
-		err = d.stream.Synchronize()
-		if err == nil {
-			err = d.copy.Synchronize()
-		}
-		if err != nil {
+		if err = d.waitStreams(); err != nil {
 			err = fmt.Errorf("%w: cuStreamSynchronize: %w", gpu.ErrDevice, err)
 		}
 	}
@@ -327,6 +323,14 @@ func (d *Device) Sync() error {
 	}
 	d.err = nil
 	return first
+}
+
+// waitStreams waits for the work queued on both streams, compute and copy.
+func (d *Device) waitStreams() error {
+	if err := d.stream.Synchronize(); err != nil {
+		return err
+	}
+	return d.copy.Synchronize()
 }
 
 // Malloc allocates n elements of t with cuMemAlloc. A full device fails with an error
@@ -367,10 +371,7 @@ func (d *Device) Release(b gpu.Buf) {
 	err := d.enter()
 	defer d.exit()
 	if err == nil {
-		err = d.stream.Synchronize()
-		if err == nil {
-			err = d.copy.Synchronize()
-		}
+		err = d.waitStreams()
 		// Freed even if the queue failed: the context may be lost, but the memory is not.
 		if ferr := cu.MemFree(cu.DevicePtr(b.Ptr)); err == nil {
 			err = ferr
