@@ -267,8 +267,11 @@ func callName(op uint8, tag uint64) string {
 	return fmt.Sprintf("%s (tag %d)", opName(op), tag)
 }
 
-// validate checks a call's arguments; every error is the caller's.
-func (r *Ring) validate(op uint8, n int, shards Shards, red Op, root int, c Call) error {
+// ValidateCall checks the arguments of a call of collective op (OpAllReduce ... OpBarrier)
+// on a buffer of n elements in a group of size ranks, as the Ring does. Every error is the
+// caller's. Other Communicators (the NCCL one) use it so that all of them refuse the same
+// calls with the same messages.
+func ValidateCall(op uint8, n, size int, shards Shards, red Op, root int, c Call) error {
 	if c.Tag >= MaxUserTag {
 		return fmt.Errorf("tag %d: explicit tags must be below MaxUserTag", c.Tag)
 	}
@@ -283,12 +286,15 @@ func (r *Ring) validate(op uint8, n int, shards Shards, red Op, root int, c Call
 			return fmt.Errorf("unknown reduction %v", red)
 		}
 	case OpBroadcast:
-		if root < 0 || root >= r.size {
-			return fmt.Errorf("broadcast root %d outside a group of %d", root, r.size)
+		if root < 0 || root >= size {
+			return fmt.Errorf("broadcast root %d outside a group of %d", root, size)
 		}
+	case OpAllGather, OpBarrier:
+	default:
+		return fmt.Errorf("unknown collective %d", op)
 	}
 	if op == OpReduceScatter || op == OpAllGather {
-		if err := shards.Validate(n, r.size); err != nil {
+		if err := shards.Validate(n, size); err != nil {
 			return err
 		}
 	}
@@ -297,7 +303,7 @@ func (r *Ring) validate(op uint8, n int, shards Shards, red Op, root int, c Call
 
 // run is every collective: validate, take a tag, register, run the schedule, clean up.
 func (r *Ring) run(ctx context.Context, op uint8, buf []float32, shards Shards, red Op, root int, cl Call) error {
-	verr := r.validate(op, len(buf), shards, red, root, cl)
+	verr := ValidateCall(op, len(buf), r.size, shards, red, root, cl)
 	if r.size == 1 && verr == nil {
 		// A group of one: nothing to exchange, and the data is left untouched (the average
 		// or maximum of one rank is its own value).

@@ -157,32 +157,27 @@ func maxShard(s collective.Shards) int {
 	return m
 }
 
-// validate checks a host call's arguments as the ring does; every error is the caller's.
+// validate checks a call's arguments as the ring does (collective.ValidateCall); every
+// error is the caller's.
 func validate(k kind, n, size int, shards collective.Shards, op collective.Op, root int, c collective.Call) error {
-	if c.Tag >= collective.MaxUserTag {
-		return fmt.Errorf("tag %d: explicit tags must be below MaxUserTag", c.Tag)
-	}
-	switch c.Wire {
-	case half.FP32, half.FP16, half.BF16:
-	default:
-		return fmt.Errorf("wire type %v: want fp32, fp16 or bf16", c.Wire)
-	}
+	return collective.ValidateCall(k.op(), n, size, shards, op, root, c)
+}
+
+// op is the collective package's name for k (0 for kindInvalid, which no call validates).
+func (k kind) op() uint8 {
 	switch k {
-	case kindAllReduce, kindReduceScatter:
-		if op != collective.Sum && op != collective.Avg && op != collective.Max {
-			return fmt.Errorf("unknown reduction %v", op)
-		}
+	case kindAllReduce:
+		return collective.OpAllReduce
+	case kindReduceScatter:
+		return collective.OpReduceScatter
+	case kindAllGather:
+		return collective.OpAllGather
 	case kindBroadcast:
-		if root < 0 || root >= size {
-			return fmt.Errorf("broadcast root %d outside a group of %d", root, size)
-		}
+		return collective.OpBroadcast
+	case kindBarrier:
+		return collective.OpBarrier
 	}
-	if k == kindReduceScatter || k == kindAllGather {
-		if err := shards.Validate(n, size); err != nil {
-			return err
-		}
-	}
-	return nil
+	return 0
 }
 
 // dataType is the NCCL element type of a format.
