@@ -3,7 +3,6 @@ package gpu
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
@@ -636,29 +635,7 @@ func (n *Net) Evaluate(b *data.Batch) (model.EvalResult, error) {
 	if err := n.dev.Download(z, logits); err != nil {
 		return model.EvalResult{}, fmt.Errorf("gpu: evaluation forward: %w", err)
 	}
-	res := model.EvalResult{N: b.N}
-	for i := 0; i < b.N; i++ {
-		row := z[i*classes : (i+1)*classes]
-		y := int(b.Y[i])
-		if y < 0 || y >= classes {
-			return model.EvalResult{}, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
-		}
-		best, m := 0, row[0]
-		for c, v := range row {
-			if v > m {
-				best, m = c, v
-			}
-		}
-		var sum float64
-		for _, v := range row {
-			sum += math.Exp(float64(v - m))
-		}
-		res.LossSum += math.Log(sum) - float64(row[y]-m)
-		if best == y {
-			res.Correct++
-		}
-	}
-	return res, nil
+	return model.Score(z, b.Y, b.N, classes)
 }
 
 func prod(s []int) int {

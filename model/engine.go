@@ -2,6 +2,8 @@ package model
 
 import (
 	"errors"
+	"fmt"
+	"math"
 
 	"github.com/qvd/qvd/internal/half"
 )
@@ -21,6 +23,36 @@ type EvalResult struct {
 	LossSum float64 // sum over samples of the cross-entropy loss
 	Correct int     // samples whose arg-max logit is the label
 	N       int     // samples evaluated
+}
+
+// Score is the evaluation of n samples' logits (n×classes, row-major) against their
+// labels: the summed cross-entropy (a log-sum-exp shifted by the row's maximum, in float64)
+// and the arg-max hits. Every engine scores its logits with it, so they report alike. A label
+// outside [0, classes) is an ErrBatch.
+func Score(logits []float32, labels []int32, n, classes int) (EvalResult, error) {
+	res := EvalResult{N: n}
+	for i := 0; i < n; i++ {
+		row := logits[i*classes : (i+1)*classes]
+		y := int(labels[i])
+		if y < 0 || y >= classes {
+			return EvalResult{}, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
+		}
+		best, m := 0, row[0]
+		for c, v := range row {
+			if v > m {
+				best, m = c, v
+			}
+		}
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(float64(v - m))
+		}
+		res.LossSum += math.Log(sum) - float64(row[y]-m)
+		if best == y {
+			res.Correct++
+		}
+	}
+	return res, nil
 }
 
 // ErrBatch reports a batch that does not fit the graph.

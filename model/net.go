@@ -5,7 +5,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 
 	G "gorgonia.org/gorgonia"
@@ -381,29 +380,7 @@ func (n *Net) Evaluate(b *data.Batch) (EvalResult, error) {
 	if !ok || len(logits) != gr.bs*classes {
 		return EvalResult{}, fmt.Errorf("model: logits have unexpected type or size")
 	}
-	res := EvalResult{N: b.N}
-	for i := 0; i < b.N; i++ {
-		row := logits[i*classes : (i+1)*classes]
-		best, max := 0, row[0]
-		for c, v := range row {
-			if v > max {
-				best, max = c, v
-			}
-		}
-		var sum float64
-		for _, v := range row {
-			sum += math.Exp(float64(v - max))
-		}
-		y := int(b.Y[i])
-		if y < 0 || y >= classes {
-			return EvalResult{}, fmt.Errorf("%w: label %d of sample %d outside [0, %d)", ErrBatch, y, i, classes)
-		}
-		res.LossSum += math.Log(sum) - float64(row[y]-max)
-		if best == y {
-			res.Correct++
-		}
-	}
-	return res, nil
+	return Score(logits, b.Y, b.N, classes)
 }
 
 // Close releases the graphs' machines; safe to call twice.
