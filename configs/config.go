@@ -17,7 +17,7 @@ import (
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
@@ -49,7 +49,7 @@ type Config struct {
 	Memory memory.Config `yaml:"memory" json:"memory"`
 	// Device selects the engine: cpu (gorgonia), cuda (the GPU engine; a qvd built with
 	// -tags cuda) or reference (the GPU engine over its plain-Go reference device).
-	Device gpu.Config `yaml:"device" json:"device"`
+	Device engine.Config `yaml:"device" json:"device"`
 }
 
 // RunConfig names the run and says where its outputs go.
@@ -76,7 +76,7 @@ func Default() Config {
 		Collective: collective.DefaultConfig(),
 		Zero:       zero.DefaultConfig(),
 		Memory:     memory.DefaultConfig(),
-		Device:     gpu.DefaultConfig(),
+		Device:     engine.DefaultConfig(),
 	}
 }
 

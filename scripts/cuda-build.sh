@@ -16,6 +16,6 @@ if [ ! -f /usr/include/cuda.h ]; then
 fi
 go vet -tags cuda ./...
 go build -tags cuda -o bin/qvd-cuda ./cmd/qvd
-go test -tags cuda -c -o /dev/null ./gpu/cuda
+go test -tags cuda -c -o /dev/null ./engine/cuda
 go test -tags cuda -c -o /dev/null ./collective/nccl
 echo "cuda-build: go vet -tags cuda ./... passed; built bin/qvd-cuda ($(du -h bin/qvd-cuda | cut -f1), links $(ldd bin/qvd-cuda | grep -o 'libcuda[^ ]*' | head -1) only) and the GPU test binaries"

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/checkpoint"
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/model"
 )
@@ -16,8 +16,8 @@ import (
 func gpuModel(r testRun) func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
 	return func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
 		t.Helper()
-		n, err := gpu.NewNet(gpu.NewAllocator(gpu.NewHost()), spec, layout, params,
-			gpu.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
+		n, err := engine.NewNet(engine.NewAllocator(engine.NewReference()), spec, layout, params,
+			engine.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,10 +170,10 @@ func TestDeviceStepOutOfMemory(t *testing.T) {
 	r := defaultRun()
 	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
 	r.cfg.MaxSteps = 10
-	var alloc *gpu.Allocator
+	var alloc *engine.Allocator
 	r.newModel = func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
-		alloc = gpu.NewAllocator(gpu.NewHost())
-		n, err := gpu.NewNet(alloc, spec, layout, params, gpu.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
+		alloc = engine.NewAllocator(engine.NewReference())
+		n, err := engine.NewNet(alloc, spec, layout, params, engine.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/memory"
@@ -138,11 +138,11 @@ func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
 	if !cfg.Device.GPU() {
 		return &microProbe{budget: budgetFor(cfg, world), perSample: measureActivationBytes, at: probeMicro, close: func() {}}, nil
 	}
-	dev, err := gpu.Open(cfg.Device, localRank(0))
+	dev, err := engine.Open(cfg.Device, localRank(0))
 	if err != nil {
 		return nil, err
 	}
-	alloc := gpu.NewAllocator(dev)
+	alloc := engine.NewAllocator(dev)
 	p := &microProbe{close: func() { alloc.Close(); dev.Close() }}
 	// The device's memory, shared by the workers that may share it (all of them, at worst,
 	// as with qvd launch on one GPU); a device that does not say (the reference) uses the
@@ -176,11 +176,11 @@ func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
 
 // deviceAfterStep builds the GPU engine at micro and runs one forward/backward, returning
 // the allocator's peak: weights, gradient and the step's activations and workspace.
-func deviceAfterStep(alloc *gpu.Allocator, spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
+func deviceAfterStep(alloc *engine.Allocator, spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, 1)
 	alloc.ResetPeaks()
-	net, err := gpu.NewNet(alloc, spec, layout, params, gpu.Options{MicroBatch: micro, EvalBatch: 1, Precision: f})
+	net, err := engine.NewNet(alloc, spec, layout, params, engine.Options{MicroBatch: micro, EvalBatch: 1, Precision: f})
 	if err != nil {
 		return 0, err
 	}

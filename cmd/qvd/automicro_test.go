@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/configs"
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 )
 
 // TestAutoMicroBatch: micro_batch: auto keeps the effective batch exactly, takes the largest
@@ -83,8 +83,8 @@ func TestAutoMicroBatch(t *testing.T) {
 // 24 MiB reference device, on which the CNN's whole per-worker batch does not fit.
 func TestAutoMicroBatchGPU(t *testing.T) {
 	const limit = 24 << 20
-	gpu.Register("reference", func(int) (gpu.Device, error) { return gpu.NewHostLimit(limit), nil }, func() (int, error) { return 1, nil })
-	defer gpu.Register("reference", func(int) (gpu.Device, error) { return gpu.NewHost(), nil }, func() (int, error) { return 1, nil })
+	engine.Register("reference", func(int) (engine.Device, error) { return engine.NewReferenceLimit(limit), nil }, func() (int, error) { return 1, nil })
+	defer engine.Register("reference", func(int) (engine.Device, error) { return engine.NewReference(), nil }, func() (int, error) { return 1, nil })
 	c, err := configs.Parse([]byte("model: {type: cnn, channels: [16, 32], hidden: [128]}\ntrain: {micro_batch: auto, effective_batch: 96}\ndevice: {type: reference}\n"), "test")
 	if err != nil {
 		t.Fatal(err)

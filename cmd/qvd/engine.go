@@ -10,7 +10,7 @@ import (
 
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/configs"
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/trainer"
 )
@@ -30,22 +30,22 @@ func localRank(rank int) int {
 
 // engine is the model a worker trains, on the CPU or a GPU, with the rebuild function memory
 // adaptation calls and what must be closed at the end.
-type engine struct {
+type worker struct {
 	model   trainer.Model
 	rebuild func(micro int) (trainer.Model, error)
 	closers []func()
 	device  string
 }
 
-func (e *engine) Close() {
+func (e *worker) Close() {
 	for i := len(e.closers) - 1; i >= 0; i-- {
 		e.closers[i]()
 	}
 }
 
 // newEngine builds the model cfg.Device selects over params.
-func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, params []float32, rank int, log *zap.Logger) (*engine, error) {
-	e := &engine{}
+func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, params []float32, rank int, log *zap.Logger) (*worker, error) {
+	e := &worker{}
 	if !cfg.Device.GPU() {
 		opts := func(micro int) model.Options {
 			return model.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
@@ -68,18 +68,18 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		}
 		return e, nil
 	}
-	dev, err := gpu.Open(cfg.Device, localRank(rank))
+	dev, err := engine.Open(cfg.Device, localRank(rank))
 	if err != nil {
 		return nil, err
 	}
 	e.closers = append(e.closers, func() { dev.Close() })
-	alloc := gpu.NewAllocator(dev)
+	alloc := engine.NewAllocator(dev)
 	e.closers = append(e.closers, alloc.Close)
-	opts := func(micro int) gpu.Options {
-		return gpu.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Precision: cfg.Train.Format(),
+	opts := func(micro int) engine.Options {
+		return engine.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Precision: cfg.Train.Format(),
 			Segments: cfg.Model.ActivationCheckpointing.Segments}
 	}
-	net, err := gpu.NewNet(alloc, spec, layout, params, opts(cfg.Train.MicroBatch))
+	net, err := engine.NewNet(alloc, spec, layout, params, opts(cfg.Train.MicroBatch))
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -87,7 +87,7 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 	e.model, e.device = net, dev.Name()
 	e.closers = append(e.closers, func() { net.Close() })
 	e.rebuild = func(micro int) (trainer.Model, error) {
-		n, err := gpu.NewNet(alloc, spec, layout, params, opts(micro))
+		n, err := engine.NewNet(alloc, spec, layout, params, opts(micro))
 		if err != nil {
 			return nil, err
 		}
@@ -104,13 +104,13 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 var newNCCL func(ctx context.Context, bootstrap collective.Communicator, ordinal int) (collective.Communicator, error)
 
 // ncclOver wraps the bootstrap ring for collective.transport: nccl.
-func ncclOver(ctx context.Context, ring collective.Communicator, rank int, dcfg gpu.Config) (collective.Communicator, error) {
+func ncclOver(ctx context.Context, ring collective.Communicator, rank int, dcfg engine.Config) (collective.Communicator, error) {
 	if newNCCL == nil {
 		return nil, fmt.Errorf("collective.transport: nccl: this qvd was built without CUDA support (build it with `go build -tags cuda ./cmd/qvd`; see docs/gpu.md)")
 	}
 	ord := dcfg.Ordinal
 	if ord < 0 {
-		ord = localRank(rank) // the same rule as gpu.Open; a process sees its GPUs from 0
+		ord = localRank(rank) // the same rule as engine.Open; a process sees its GPUs from 0
 	}
 	return newNCCL(ctx, ring, ord)
 }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/collective/nccl"
-	"github.com/qvd/qvd/gpu"
-	_ "github.com/qvd/qvd/gpu/cuda" // device.type cuda
+	"github.com/qvd/qvd/engine"
+	_ "github.com/qvd/qvd/engine/cuda" // device.type cuda
 )
 
 func init() {
@@ -28,7 +28,7 @@ type ncclStack struct {
 	nc *nccl.Comm
 }
 
-// AllReduceBuf reduces a device buffer in place (gpu.DeviceReducer).
-func (s ncclStack) AllReduceBuf(ctx context.Context, b gpu.Buf, op collective.Op) error {
+// AllReduceBuf reduces a device buffer in place (engine.DeviceReducer).
+func (s ncclStack) AllReduceBuf(ctx context.Context, b engine.Buf, op collective.Op) error {
 	return s.nc.AllReduceDevice(ctx, b.Addr(), b.N, b.T.Format(), op)
 }

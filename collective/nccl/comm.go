@@ -25,7 +25,7 @@ const closeTimeout = 10 * time.Second
 // buffers are given up (leaked rather than freed under a copy that may still run).
 const drainTimeout = 10 * time.Second
 
-// Comm is an NCCL communicator of one rank on one GPU (its primary context, which gpu/cuda
+// Comm is an NCCL communicator of one rank on one GPU (its primary context, which engine/cuda
 // shares, so device pointers of the engine are valid here). It implements
 // collective.Communicator on host buffers. Calls are serialised; see the package
 // documentation for how they are matched between ranks and how they honour their contexts.

@@ -1,5 +1,5 @@
 // Package pinned is page-locked host memory from the CUDA driver (cuMemAllocHost), the
-// staging memory of the CUDA device (gpu/cuda) and of the NCCL communicator
+// staging memory of the CUDA device (engine/cuda) and of the NCCL communicator
 // (collective/nccl). The copy engines read and write such memory directly, so an asynchronous
 // copy from or to it really is asynchronous; from pageable memory the driver would stage it
 // itself and the copy would block.

@@ -14,7 +14,7 @@ out=gpu-run
 mkdir -p "$out/bin" "$out/data"
 flags=(-trimpath -ldflags "-s -w")
 go build -tags cuda "${flags[@]}" -o "$out/bin/qvd" ./cmd/qvd
-go test -tags cuda -c "${flags[@]}" -o "$out/bin/gpu-cuda.test" ./gpu/cuda
+go test -tags cuda -c "${flags[@]}" -o "$out/bin/gpu-cuda.test" ./engine/cuda
 go test -tags cuda -c "${flags[@]}" -o "$out/bin/nccl.test" ./collective/nccl
 cp -u /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
 du -sh "$out"/bin/* "$out/data"

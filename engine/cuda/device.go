@@ -11,13 +11,13 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/qvd/qvd/gpu"
-	"github.com/qvd/qvd/gpu/cuda/kernels"
+	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/engine/cuda/kernels"
 	"github.com/qvd/qvd/internal/pinned"
 	"github.com/qvd/qvd/memory"
 )
 
-// Device is a gpu.Device on one CUDA GPU.
+// Device is a engine.Device on one CUDA GPU.
 type Device struct {
 	mu sync.Mutex
 
@@ -47,7 +47,7 @@ type Device struct {
 	closed bool
 }
 
-var _ gpu.Device = (*Device)(nil)
+var _ engine.Device = (*Device)(nil)
 
 // errClosed is latched by operations on a closed Device.
 var errClosed = errors.New("device is closed")
@@ -61,23 +61,23 @@ func Open(ordinal int) (*Device, error) {
 
 	n, err := cu.NumDevices()
 	if err != nil {
-		return nil, fmt.Errorf("%w: counting CUDA devices: %w", gpu.ErrDevice, err)
+		return nil, fmt.Errorf("%w: counting CUDA devices: %w", engine.ErrDevice, err)
 	}
 	if ordinal < 0 || ordinal >= n {
-		return nil, fmt.Errorf("%w: no CUDA device %d (this machine has %d)", gpu.ErrDevice, ordinal, n)
+		return nil, fmt.Errorf("%w: no CUDA device %d (this machine has %d)", engine.ErrDevice, ordinal, n)
 	}
 	dev, err := cu.GetDevice(ordinal)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cuDeviceGet(%d): %w", gpu.ErrDevice, ordinal, err)
+		return nil, fmt.Errorf("%w: cuDeviceGet(%d): %w", engine.ErrDevice, ordinal, err)
 	}
 	ctx, err := dev.RetainPrimaryCtx()
 	if err != nil {
-		return nil, fmt.Errorf("%w: retaining the primary context of device %d: %w", gpu.ErrDevice, ordinal, err)
+		return nil, fmt.Errorf("%w: retaining the primary context of device %d: %w", engine.ErrDevice, ordinal, err)
 	}
 	d := &Device{ordinal: ordinal, dev: dev, ctx: ctx}
 	if err := d.open(); err != nil {
 		d.release()
-		return nil, fmt.Errorf("%w: opening device %d: %w", gpu.ErrDevice, ordinal, err)
+		return nil, fmt.Errorf("%w: opening device %d: %w", engine.ErrDevice, ordinal, err)
 	}
 	return d, nil
 }
@@ -193,7 +193,7 @@ func (d *Device) Close() error {
 	defer runtime.UnlockOSThread()
 	d.closed = true
 	if err := d.release(); err != nil {
-		return fmt.Errorf("%w: closing device %d: %w", gpu.ErrDevice, d.ordinal, err)
+		return fmt.Errorf("%w: closing device %d: %w", engine.ErrDevice, d.ordinal, err)
 	}
 	return nil
 }
@@ -228,7 +228,7 @@ func (d *Device) Do(fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := cu.SetCurrentContext(d.ctx); err != nil {
-		return fmt.Errorf("%w: cuCtxSetCurrent: %w", gpu.ErrDevice, err)
+		return fmt.Errorf("%w: cuCtxSetCurrent: %w", engine.ErrDevice, err)
 	}
 	return fn()
 }
@@ -242,7 +242,7 @@ func (d *Device) MemInfo() (free, total uint64, err error) {
 	defer d.exit()
 	f, t, err := cu.MemInfo()
 	if err != nil {
-		return 0, 0, fmt.Errorf("%w: cuMemGetInfo: %w", gpu.ErrDevice, err)
+		return 0, 0, fmt.Errorf("%w: cuMemGetInfo: %w", engine.ErrDevice, err)
 	}
 	return uint64(f), uint64(t), nil
 }
@@ -253,10 +253,10 @@ func (d *Device) enter() error {
 	d.mu.Lock()
 	runtime.LockOSThread()
 	if d.closed {
-		return fmt.Errorf("%w: device %d: %w", gpu.ErrDevice, d.ordinal, errClosed)
+		return fmt.Errorf("%w: device %d: %w", engine.ErrDevice, d.ordinal, errClosed)
 	}
 	if err := cu.SetCurrentContext(d.ctx); err != nil {
-		return fmt.Errorf("%w: cuCtxSetCurrent: %w", gpu.ErrDevice, err)
+		return fmt.Errorf("%w: cuCtxSetCurrent: %w", engine.ErrDevice, err)
 	}
 	return nil
 }
@@ -280,13 +280,13 @@ func (d *Device) begin() bool {
 	return true
 }
 
-// fail latches err, if it is the first failure, wrapped with gpu.ErrDevice and what failed.
+// fail latches err, if it is the first failure, wrapped with engine.ErrDevice and what failed.
 func (d *Device) fail(what string, err error) {
 	if err != nil && d.err == nil {
-		if errors.Is(err, gpu.ErrDevice) {
+		if errors.Is(err, engine.ErrDevice) {
 			d.err = fmt.Errorf("%s: %w", what, err)
 		} else {
-			d.err = fmt.Errorf("%w: %s: %w", gpu.ErrDevice, what, err)
+			d.err = fmt.Errorf("%w: %s: %w", engine.ErrDevice, what, err)
 		}
 	}
 }
@@ -302,7 +302,7 @@ func (d *Device) check(what string, err error) bool {
 // writes past its buffer into whatever the allocator put next to it.
 func (d *Device) need(ok bool, op, format string, args ...any) bool {
 	if !ok && d.err == nil {
-		d.err = fmt.Errorf("%w: %s: %s", gpu.ErrDevice, op, fmt.Sprintf(format, args...))
+		d.err = fmt.Errorf("%w: %s: %s", engine.ErrDevice, op, fmt.Sprintf(format, args...))
 	}
 	return ok
 }
@@ -314,7 +314,7 @@ func (d *Device) Sync() error {
 	defer d.exit()
 	if err == nil {
 		if err = d.waitStreams(); err != nil {
-			err = fmt.Errorf("%w: cuStreamSynchronize: %w", gpu.ErrDevice, err)
+			err = fmt.Errorf("%w: cuStreamSynchronize: %w", engine.ErrDevice, err)
 		}
 	}
 	first := d.err
@@ -336,16 +336,16 @@ func (d *Device) waitStreams() error {
 // Malloc allocates n elements of t with cuMemAlloc. A full device fails with an error
 // wrapping memory.ErrOutOfMemory (and cu.OutOfMemory). Malloc is synchronous and its failure
 // is returned, not latched: an allocator may free its cache and try again.
-func (d *Device) Malloc(n int, t gpu.DType) (gpu.Buf, error) {
+func (d *Device) Malloc(n int, t engine.DType) (engine.Buf, error) {
 	if n < 0 || t.Size() == 0 {
-		return gpu.Buf{}, fmt.Errorf("%w: Malloc(%d, %v): invalid size or type", gpu.ErrDevice, n, t)
+		return engine.Buf{}, fmt.Errorf("%w: Malloc(%d, %v): invalid size or type", engine.ErrDevice, n, t)
 	}
 	if n == 0 {
-		return gpu.Buf{T: t}, nil
+		return engine.Buf{T: t}, nil
 	}
 	if err := d.enter(); err != nil {
 		d.exit()
-		return gpu.Buf{}, err
+		return engine.Buf{}, err
 	}
 	defer d.exit()
 	bytes := int64(n) * int64(t.Size())
@@ -353,18 +353,18 @@ func (d *Device) Malloc(n int, t gpu.DType) (gpu.Buf, error) {
 	if err != nil {
 		if errors.Is(err, cu.OutOfMemory) {
 			free, total, _ := cu.MemInfo()
-			return gpu.Buf{}, fmt.Errorf("%w: cuMemAlloc of %d bytes on %s (%d of %d bytes free): %w",
+			return engine.Buf{}, fmt.Errorf("%w: cuMemAlloc of %d bytes on %s (%d of %d bytes free): %w",
 				memory.ErrOutOfMemory, bytes, d.name, free, total, err)
 		}
-		return gpu.Buf{}, fmt.Errorf("%w: cuMemAlloc of %d bytes: %w", gpu.ErrDevice, bytes, err)
+		return engine.Buf{}, fmt.Errorf("%w: cuMemAlloc of %d bytes: %w", engine.ErrDevice, bytes, err)
 	}
-	return gpu.Buf{Ptr: gpu.Ptr(p), N: n, T: t}, nil
+	return engine.Buf{Ptr: engine.Ptr(p), N: n, T: t}, nil
 }
 
 // Release frees an allocation of Malloc once the queued work (which may still use it) is
 // done. It runs even while an error is latched, so memory is not leaked; a failure is
 // latched. Allocators cache, so the wait is rare.
-func (d *Device) Release(b gpu.Buf) {
+func (d *Device) Release(b engine.Buf) {
 	if b.Ptr == 0 {
 		return
 	}

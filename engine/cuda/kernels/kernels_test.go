@@ -18,11 +18,11 @@ func TestPTXIsCurrent(t *testing.T) {
 	}
 	sum := sha256.Sum256(src)
 	if got := hex.EncodeToString(sum[:]); got != SourceSHA256 {
-		t.Fatalf("kernels.ptx is stale: run go generate ./gpu/cuda/kernels (kernels.cu has sha256 %s, kernels.ptx was made from %q)", got, SourceSHA256)
+		t.Fatalf("kernels.ptx is stale: run go generate ./engine/cuda/kernels (kernels.cu has sha256 %s, kernels.ptx was made from %q)", got, SourceSHA256)
 	}
 }
 
-// TestEntryPoints checks that the PTX defines exactly the kernels gpu/cuda looks up, so a
+// TestEntryPoints checks that the PTX defines exactly the kernels engine/cuda looks up, so a
 // renamed or missing instantiation fails here rather than at Open on a GPU machine.
 func TestEntryPoints(t *testing.T) {
 	want := Names()

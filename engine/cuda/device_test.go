@@ -2,7 +2,7 @@
 
 package cuda
 
-// The CUDA device against the reference device (gpu.Host): every operation on the same
+// The CUDA device against the reference device (engine.Reference): every operation on the same
 // random inputs, per element type, compared exactly where both compute the same float32
 // operations in the same order and within a tolerance where the order of a sum differs.
 // These tests run only on a GPU machine (scripts/gpu/run.sh).
@@ -16,7 +16,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/offload"
 )
@@ -38,19 +38,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var floatTypes = []gpu.DType{gpu.F32, gpu.F16, gpu.BF16}
+var floatTypes = []engine.DType{engine.F32, engine.F16, engine.BF16}
 
 // twin is one buffer on both devices.
 type twin struct {
-	h, d gpu.Buf
+	h, d engine.Buf
 	n    int
-	t    gpu.DType
+	t    engine.DType
 }
 
 // pair runs one test on the reference and the CUDA device.
 type pair struct {
 	t   *testing.T
-	h   *gpu.Host
+	h   *engine.Reference
 	d   *Device
 	rng *rand.Rand
 	all []twin
@@ -61,7 +61,7 @@ func newPair(t *testing.T) *pair {
 	if err := dev.Sync(); err != nil {
 		t.Fatalf("a previous test left an error: %v", err)
 	}
-	p := &pair{t: t, h: gpu.NewHost(), d: dev, rng: rand.New(rand.NewPCG(1, uint64(len(t.Name()))))}
+	p := &pair{t: t, h: engine.NewReference(), d: dev, rng: rand.New(rand.NewPCG(1, uint64(len(t.Name()))))}
 	t.Cleanup(func() {
 		for _, b := range p.all {
 			p.d.Release(b.d)
@@ -74,7 +74,7 @@ func newPair(t *testing.T) *pair {
 }
 
 // buf allocates n elements of t on both devices and uploads vals (nil: zeros).
-func (p *pair) buf(t gpu.DType, n int, vals []float32) twin {
+func (p *pair) buf(t engine.DType, n int, vals []float32) twin {
 	p.t.Helper()
 	hb, err := p.h.Malloc(n, t)
 	if err != nil {
@@ -89,7 +89,7 @@ func (p *pair) buf(t gpu.DType, n int, vals []float32) twin {
 	if vals == nil {
 		vals = make([]float32, n)
 	}
-	if t == gpu.I32 {
+	if t == engine.I32 {
 		iv := make([]int32, n)
 		for i, v := range vals {
 			iv[i] = int32(v)
@@ -104,7 +104,7 @@ func (p *pair) buf(t gpu.DType, n int, vals []float32) twin {
 }
 
 // rand is a buffer of uniform values in [-scale, scale).
-func (p *pair) rand(t gpu.DType, n int, scale float32) twin {
+func (p *pair) rand(t engine.DType, n int, scale float32) twin {
 	return p.buf(t, n, p.vals(n, scale))
 }
 
@@ -130,12 +130,12 @@ func (p *pair) get(b twin) (href, got []float32) {
 }
 
 // ulp is the spacing of type t's values at magnitude x.
-func ulp(t gpu.DType, x float64) float64 {
+func ulp(t engine.DType, x float64) float64 {
 	mant, minExp := 23, -126
 	switch t {
-	case gpu.F16:
+	case engine.F16:
 		mant, minExp = 10, -14
-	case gpu.BF16:
+	case engine.BF16:
 		mant = 7
 	}
 	_, e := math.Frexp(math.Abs(x)) // |x| = f·2^e, f in [0.5, 1)
@@ -200,7 +200,7 @@ func TestUploadDownload(t *testing.T) {
 		p.exact("Upload", p.buf(ty, len(v), v))
 	}
 	labels := []float32{0, 1, -7, 1 << 30, -(1 << 30)}
-	p.exact("UploadInt32", p.buf(gpu.I32, len(labels), labels))
+	p.exact("UploadInt32", p.buf(engine.I32, len(labels), labels))
 }
 
 func TestUploadAsync(t *testing.T) {
@@ -217,7 +217,7 @@ func TestUploadAsync(t *testing.T) {
 
 func TestFill(t *testing.T) {
 	p := newPair(t)
-	for _, ty := range append(floatTypes, gpu.I32) {
+	for _, ty := range append(floatTypes, engine.I32) {
 		for _, v := range []float32{0, -1.5, 0.1, 70000, 3} {
 			b := p.buf(ty, 1000, nil)
 			p.h.Fill(b.h, v)
@@ -246,9 +246,9 @@ func TestGemm(t *testing.T) {
 	p := newPair(t)
 	shapes := [][3]int{{1, 1, 1}, {37, 53, 71}, {128, 64, 256}, {5, 300, 3}, {64, 10, 0}}
 	for _, ty := range floatTypes {
-		cts := []gpu.DType{ty}
-		if ty != gpu.F32 {
-			cts = append(cts, gpu.F32) // half inputs into an fp32 C
+		cts := []engine.DType{ty}
+		if ty != engine.F32 {
+			cts = append(cts, engine.F32) // half inputs into an fp32 C
 		}
 		for _, ct := range cts {
 			for _, s := range shapes {
@@ -380,7 +380,7 @@ func TestMaxPool2(t *testing.T) {
 			planes, h, w := s[0], s[1], s[2]
 			ny := planes * (h / 2) * (w / 2)
 			x := p.rand(ty, planes*h*w, 4)
-			y, idx := p.buf(ty, ny, nil), p.buf(gpu.I32, ny, nil)
+			y, idx := p.buf(ty, ny, nil), p.buf(engine.I32, ny, nil)
 			p.h.MaxPool2(y.h, idx.h, x.h, planes, h, w)
 			p.d.MaxPool2(y.d, idx.d, x.d, planes, h, w)
 			p.exact(fmt.Sprintf("MaxPool2 %v", s), y)
@@ -404,14 +404,14 @@ func TestSoftmaxXent(t *testing.T) {
 			for i := range labels {
 				labels[i] = float32(p.rng.IntN(classes))
 			}
-			lab := p.buf(gpu.I32, rows, labels)
+			lab := p.buf(engine.I32, rows, labels)
 			for _, alias := range []bool{false, true} {
 				logits := p.rand(ty, rows*classes, 8)
 				dl := logits
 				if !alias {
 					dl = p.buf(ty, rows*classes, nil)
 				}
-				loss := p.buf(gpu.F32, rows, nil)
+				loss := p.buf(engine.F32, rows, nil)
 				p.h.SoftmaxXent(dl.h, loss.h, logits.h, lab.h, rows, classes, 0.25)
 				p.d.SoftmaxXent(dl.d, loss.d, logits.d, lab.d, rows, classes, 0.25)
 				what := fmt.Sprintf("SoftmaxXent %dx%d alias=%v", rows, classes, alias)
@@ -427,8 +427,8 @@ func TestAdamW(t *testing.T) {
 	cfg := offload.DefaultConfig()
 	const n = 100003
 	for _, gt := range floatTypes {
-		for _, wt := range append([]gpu.DType{0}, floatTypes...) {
-			pw, m, v := p.rand(gpu.F32, n, 1), p.buf(gpu.F32, n, nil), p.buf(gpu.F32, n, nil)
+		for _, wt := range append([]engine.DType{0}, floatTypes...) {
+			pw, m, v := p.rand(engine.F32, n, 1), p.buf(engine.F32, n, nil), p.buf(engine.F32, n, nil)
 			var w twin
 			if wt != 0 {
 				w = p.buf(wt, n, nil)
@@ -458,14 +458,14 @@ func TestUnscaleCheck(t *testing.T) {
 			if bad != 0 {
 				v[31337] = bad
 			}
-			g, found := p.buf(ty, len(v), v), p.buf(gpu.F32, 1, nil)
+			g, found := p.buf(ty, len(v), v), p.buf(engine.F32, 1, nil)
 			p.h.UnscaleCheck(g.h, found.h, 1.0/65536)
 			p.d.UnscaleCheck(g.d, found.d, 1.0/65536)
 			p.exact(fmt.Sprintf("UnscaleCheck(%g) g", bad), g)
 			p.exact(fmt.Sprintf("UnscaleCheck(%g) found", bad), found)
 		}
 		// found is never cleared.
-		g, found := p.rand(ty, 100, 1), p.buf(gpu.F32, 1, []float32{1})
+		g, found := p.rand(ty, 100, 1), p.buf(engine.F32, 1, []float32{1})
 		p.h.UnscaleCheck(g.h, found.h, 2)
 		p.d.UnscaleCheck(g.d, found.d, 2)
 		p.exact("UnscaleCheck keeps found", found)
@@ -477,7 +477,7 @@ func TestSumSquares(t *testing.T) {
 	for _, ty := range floatTypes {
 		for _, n := range []int{1, 1000, 1 << 20} {
 			g := p.rand(ty, n, 2)
-			acc := p.buf(gpu.F32, 1, []float32{3})
+			acc := p.buf(engine.F32, 1, []float32{3})
 			p.h.SumSquares(acc.h, g.h)
 			p.d.SumSquares(acc.d, g.d)
 			// Against the exact sum: the reference's sequential fp32 sum is itself off by
@@ -497,7 +497,7 @@ func TestSumSquares(t *testing.T) {
 
 func TestMallocOutOfMemory(t *testing.T) {
 	n := int(dev.TotalMemory()/4) + 1
-	b, err := dev.Malloc(n, gpu.F32)
+	b, err := dev.Malloc(n, engine.F32)
 	if err == nil {
 		dev.Release(b)
 		t.Fatalf("Malloc of %d bytes on a %d-byte device succeeded", 4*n, dev.TotalMemory())
@@ -509,7 +509,7 @@ func TestMallocOutOfMemory(t *testing.T) {
 	if err := dev.Sync(); err != nil {
 		t.Fatalf("Sync after a failed Malloc: %v", err)
 	}
-	b, err = dev.Malloc(1<<20, gpu.BF16)
+	b, err = dev.Malloc(1<<20, engine.BF16)
 	if err != nil {
 		t.Fatalf("Malloc after an out-of-memory failure: %v", err)
 	}
@@ -518,12 +518,12 @@ func TestMallocOutOfMemory(t *testing.T) {
 
 func TestStickyError(t *testing.T) {
 	p := newPair(t)
-	x := p.buf(gpu.F32, 4, []float32{1, 2, 3, 4})
-	y := p.buf(gpu.F32, 5, nil)
+	x := p.buf(engine.F32, 4, []float32{1, 2, 3, 4})
+	y := p.buf(engine.F32, 5, nil)
 	p.d.ReLU(y.d, x.d) // mismatched lengths: latched
 	p.d.Fill(x.d, 9)   // skipped
 	err := p.d.Sync()
-	if !errors.Is(err, gpu.ErrDevice) || !strings.Contains(err.Error(), "ReLU") {
+	if !errors.Is(err, engine.ErrDevice) || !strings.Contains(err.Error(), "ReLU") {
 		t.Fatalf("Sync after a bad ReLU: %v", err)
 	}
 	if err := p.d.Sync(); err != nil {
@@ -537,7 +537,7 @@ func TestStickyError(t *testing.T) {
 	// Download reports a latched error (and clears it, as Sync does) without copying.
 	p.d.Gemm(false, false, 2, 2, 2, 1, x.d, x.d, 0, y.d)
 	got[0] = -1
-	if err := p.d.Download(got, x.d); !errors.Is(err, gpu.ErrDevice) || !strings.Contains(err.Error(), "Gemm") || got[0] != -1 {
+	if err := p.d.Download(got, x.d); !errors.Is(err, engine.ErrDevice) || !strings.Contains(err.Error(), "Gemm") || got[0] != -1 {
 		t.Fatalf("Download after a bad Gemm: %v, dst %v", err, got)
 	}
 	if err := p.d.Sync(); err != nil {

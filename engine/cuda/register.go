@@ -7,18 +7,18 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 )
 
 // The engine overlaps parameter uploads with host work through the copy stream.
 var (
-	_ gpu.AsyncUploader   = (*Device)(nil)
-	_ gpu.AsyncDownloader = (*Device)(nil)
+	_ engine.AsyncUploader   = (*Device)(nil)
+	_ engine.AsyncDownloader = (*Device)(nil)
 )
 
-// Linking this package makes device.type cuda available to gpu.Open.
+// Linking this package makes device.type cuda available to engine.Open.
 func init() {
-	gpu.Register("cuda", func(ordinal int) (gpu.Device, error) {
+	engine.Register("cuda", func(ordinal int) (engine.Device, error) {
 		d, err := Open(ordinal)
 		if err != nil {
 			return nil, err // not a nil *Device inside a non-nil interface
@@ -31,7 +31,7 @@ func init() {
 func Count() (int, error) {
 	n, err := cu.NumDevices()
 	if err != nil {
-		return 0, fmt.Errorf("%w: cuDeviceGetCount: %w", gpu.ErrDevice, err)
+		return 0, fmt.Errorf("%w: cuDeviceGetCount: %w", engine.ErrDevice, err)
 	}
 	return n, nil
 }

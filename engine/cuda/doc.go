@@ -1,5 +1,5 @@
-// Package cuda is the CUDA backend of gpu.Device: a Device owns one GPU's primary context, a
-// compute stream on which every operation is queued in order, the kernels of gpu/cuda/kernels
+// Package cuda is the CUDA backend of engine.Device: a Device owns one GPU's primary context, a
+// compute stream on which every operation is queued in order, the kernels of engine/cuda/kernels
 // (PTX, JIT-compiled by the driver at Open) and a cuBLAS handle bound to that stream for the
 // GEMMs.
 //
@@ -13,7 +13,7 @@
 // headers runs beside whatever CUDA the GPU machine's driver brings.
 //
 // Linking the package (a blank import in a cuda-tagged file of the binary) registers the
-// backend as device.type cuda with gpu.Register; Open and Count are also exported for direct
+// backend as device.type cuda with engine.Register; Open and Count are also exported for direct
 // use, with the accessors another CUDA library needs (Stream, StreamHandle, Context, Do).
 //
 // The driver's context is per OS thread, so every method pins its goroutine to its thread

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/offload"
 )
 
 // alloc allocates and fills buffers for a benchmark, releasing them when it ends.
-func alloc(b *testing.B, n int, t gpu.DType, v float32) gpu.Buf {
+func alloc(b *testing.B, n int, t engine.DType, v float32) engine.Buf {
 	b.Helper()
 	buf, err := dev.Malloc(n, t)
 	if err != nil {
@@ -56,7 +56,7 @@ func BenchmarkAdamW(b *testing.B) {
 	c := offload.AdamWConsts(offload.DefaultConfig(), 10, 1e-3, 1.0/1024)
 	for _, t := range floatTypes {
 		b.Run(t.String(), func(b *testing.B) {
-			p, m, v := alloc(b, n, gpu.F32, 0.5), alloc(b, n, gpu.F32, 0.01), alloc(b, n, gpu.F32, 0.001)
+			p, m, v := alloc(b, n, engine.F32, 0.5), alloc(b, n, engine.F32, 0.01), alloc(b, n, engine.F32, 0.001)
 			g, w := alloc(b, n, t, 0.1), alloc(b, n, t, 0)
 			dev.AdamW(p, m, v, g, w, c)
 			if err := dev.Sync(); err != nil {

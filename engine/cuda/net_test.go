@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/data"
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/model"
 )
@@ -38,15 +38,15 @@ func TestNetMatchesReference(t *testing.T) {
 			layout := model.NewLayout(spec)
 			w := make([]float32, layout.Size)
 			model.Init(spec, layout, w, 3)
-			opt := gpu.Options{MicroBatch: micro, EvalBatch: micro, Precision: tc.f}
-			ref, err := gpu.NewNet(gpu.NewAllocator(gpu.NewHost()), spec, layout, append([]float32(nil), w...), opt)
+			opt := engine.Options{MicroBatch: micro, EvalBatch: micro, Precision: tc.f}
+			ref, err := engine.NewNet(engine.NewAllocator(engine.NewReference()), spec, layout, append([]float32(nil), w...), opt)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ref.Close()
-			alloc := gpu.NewAllocator(dev)
+			alloc := engine.NewAllocator(dev)
 			defer alloc.Close()
-			net, err := gpu.NewNet(alloc, spec, layout, append([]float32(nil), w...), opt)
+			net, err := engine.NewNet(alloc, spec, layout, append([]float32(nil), w...), opt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func TestNetMatchesReference(t *testing.T) {
 	}
 }
 
-func evalBoth(t *testing.T, a, b *gpu.Net, batch *data.Batch) (float64, float64) {
+func evalBoth(t *testing.T, a, b *engine.Net, batch *data.Batch) (float64, float64) {
 	t.Helper()
 	ra, err := a.Evaluate(batch)
 	if err != nil {
@@ -108,7 +108,7 @@ func evalBoth(t *testing.T, a, b *gpu.Net, batch *data.Batch) (float64, float64)
 
 // TestDownloadAsync: copies queued behind kernels land in their destinations at WaitDownloads.
 func TestDownloadAsync(t *testing.T) {
-	for _, ty := range []gpu.DType{gpu.F32, gpu.F16, gpu.BF16} {
+	for _, ty := range []engine.DType{engine.F32, engine.F16, engine.BF16} {
 		b, err := dev.Malloc(3000, ty)
 		if err != nil {
 			t.Fatal(err)

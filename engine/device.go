@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"errors"
@@ -109,7 +109,7 @@ var ErrDevice = errors.New("gpu")
 // GEMMs and the handful of kernels a sequential network needs. Every operation is queued on
 // the device's compute stream and runs in order; as with CUDA, an operation does not return
 // its failure: the first one is kept and returned by Sync (and by Download, which syncs),
-// and every operation after it is skipped. The CUDA backend lives in gpu/cuda (build tag
+// and every operation after it is skipped. The CUDA backend lives in engine/cuda (build tag
 // cuda); Host is a reference backend in plain Go with the same semantics, used to test the
 // engine on machines without a GPU and to check the CUDA kernels against.
 //

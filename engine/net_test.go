@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"errors"
@@ -66,7 +66,7 @@ func relErr(a, b []float32) float64 {
 // TestNetMatchesCPUEngine is the check that keeps the two engines one model: the same spec,
 // weights and batch give the same loss, gradients (of loss × scale, accumulated over two
 // micro-batches) and evaluation on the GPU engine (here over the host reference device, on a
-// GPU over CUDA: see gpu/cuda) as on the gorgonia engine.
+// GPU over CUDA: see engine/cuda) as on the gorgonia engine.
 func TestNetMatchesCPUEngine(t *testing.T) {
 	mlp := model.Config{Type: model.TypeMLP, Hidden: []int{32, 16}}
 	cnn := model.Config{Type: model.TypeCNN, Channels: []int{4, 6}, Kernel: 3, Hidden: []int{12}}
@@ -87,7 +87,7 @@ func TestNetMatchesCPUEngine(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const micro, classes = 5, 4
-			cpu, g := pair(t, NewHost(), tc.cfg, tc.input, classes, micro, tc.f, nil)
+			cpu, g := pair(t, NewReference(), tc.cfg, tc.input, classes, micro, tc.f, nil)
 			size := tc.input[0] * tc.input[1] * tc.input[2]
 			n := cpu.Layout().Trainable()
 			gc, gg := make([]float32, n), make([]float32, n)
@@ -141,7 +141,7 @@ func TestNetMatchesCPUEngine(t *testing.T) {
 func TestNetStreamAndFrozen(t *testing.T) {
 	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{16, 8}}
 	frozen := func(name string) bool { return name == "fc1.weight" || name == "fc1.bias" }
-	cpu, g := pair(t, NewHost(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, frozen)
+	cpu, g := pair(t, NewReference(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, frozen)
 	b := randomBatch(4, 36, 3, 5)
 	n := cpu.Layout().Trainable()
 	want := make([]float32, n)
@@ -172,7 +172,7 @@ func TestNetStreamAndFrozen(t *testing.T) {
 // and synced, not with stale ones.
 func TestNetParamsSync(t *testing.T) {
 	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
-	cpu, g := pair(t, NewHost(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
+	cpu, g := pair(t, NewReference(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
 	b := randomBatch(3, 16, 3, 1)
 	for i := range cpu.Params() {
 		cpu.Params()[i] *= 0.5
@@ -195,7 +195,7 @@ func TestNetParamsSync(t *testing.T) {
 // error wrapping memory.ErrOutOfMemory, leaks nothing, and the next micro-batch works.
 func TestNetOutOfMemory(t *testing.T) {
 	cfg := model.Config{Type: model.TypeCNN, Channels: []int{3}, Kernel: 3, Hidden: []int{8}}
-	_, g := pair(t, NewHost(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, nil)
+	_, g := pair(t, NewReference(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, nil)
 	b := randomBatch(4, 36, 3, 2)
 	grads := make([]float32, g.Layout().Trainable())
 	if _, err := g.ForwardBackward(b, 1, grads); err != nil {
@@ -220,7 +220,7 @@ func TestNetOutOfMemory(t *testing.T) {
 	spec, _ := model.NewSpec(cfg, []int{1, 6, 6}, 3)
 	layout := model.NewLayout(spec)
 	w := make([]float32, layout.Size)
-	small, err := NewNet(NewAllocator(NewHostLimit(uint64(layout.Size*4*2+2048))), spec, layout, w, Options{MicroBatch: 4, EvalBatch: 4})
+	small, err := NewNet(NewAllocator(NewReferenceLimit(uint64(layout.Size*4*2+2048))), spec, layout, w, Options{MicroBatch: 4, EvalBatch: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestNetOutOfMemory(t *testing.T) {
 
 func TestNetBadBatch(t *testing.T) {
 	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
-	_, g := pair(t, NewHost(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
+	_, g := pair(t, NewReference(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
 	grads := make([]float32, g.Layout().Trainable())
 	if _, err := g.ForwardBackward(randomBatch(2, 16, 3, 1), 1, grads); !errors.Is(err, ErrBatch) {
 		t.Errorf("short batch: %v", err)
@@ -274,10 +274,10 @@ type syncOnly struct{ Device }
 // TestCopyPaths: the engine gives the same results over a device with a copy stream (the
 // overlapped uploads and downloads) and over one without.
 func TestCopyPaths(t *testing.T) {
-	var _ AsyncUploader = (*Host)(nil)
-	var _ AsyncDownloader = (*Host)(nil)
+	var _ AsyncUploader = (*Reference)(nil)
+	var _ AsyncDownloader = (*Reference)(nil)
 	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
-	for name, dev := range map[string]Device{"async": NewHost(), "sync": syncOnly{NewHost()}} {
+	for name, dev := range map[string]Device{"async": NewReference(), "sync": syncOnly{NewReference()}} {
 		t.Run(name, func(t *testing.T) {
 			if _, ok := dev.(AsyncDownloader); ok != (name == "async") {
 				t.Fatalf("%s device: AsyncDownloader %v", name, ok)
@@ -326,7 +326,7 @@ func TestNetCheckpointing(t *testing.T) {
 	model.Init(spec, layout, w, 5)
 	const micro = 6
 	run := func(segments int, beta bool) ([]float32, int64) {
-		alloc := NewAllocator(NewHost())
+		alloc := NewAllocator(NewReference())
 		n, err := NewNet(alloc, spec, layout, append([]float32(nil), w...), Options{MicroBatch: micro, EvalBatch: micro, Segments: segments})
 		if err != nil {
 			t.Fatal(err)
@@ -357,7 +357,7 @@ func TestNetCheckpointing(t *testing.T) {
 			t.Errorf("%d segments: peak %d B, not below the plain run's %d B", k, peak, peak1)
 		}
 	}
-	if _, err := NewNet(NewAllocator(NewHost()), spec, layout, w, Options{MicroBatch: 2, EvalBatch: 2, Segments: 9}); err == nil {
+	if _, err := NewNet(NewAllocator(NewReference()), spec, layout, w, Options{MicroBatch: 2, EvalBatch: 2, Segments: 9}); err == nil {
 		t.Error("9 segments of a 4-weight-layer net accepted")
 	}
 }
@@ -371,7 +371,7 @@ func TestNetCheckpointingOOM(t *testing.T) {
 	layout := model.NewLayout(spec)
 	w := make([]float32, layout.Size)
 	model.Init(spec, layout, w, 5)
-	alloc := NewAllocator(NewHost())
+	alloc := NewAllocator(NewReference())
 	n, err := NewNet(alloc, spec, layout, w, Options{MicroBatch: 4, EvalBatch: 4, Segments: 3})
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"math"
 	"unsafe"
 
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/vec"
 )
 
@@ -15,7 +15,7 @@ import (
 // row-major C = op(A)·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands
 // swap places and keep their transpose flags. A and B must have one type; C that type or f32.
 // As in BLAS, C is not read when beta is 0.
-func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b gpu.Buf, beta float32, c gpu.Buf) {
+func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b engine.Buf, beta float32, c engine.Buf) {
 	const op = "Gemm"
 	ok := d.begin()
 	defer d.exit()
@@ -23,7 +23,7 @@ func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b gpu.
 		!d.need(m >= 0 && n >= 0 && k >= 0 && max(m, n, k) <= math.MaxInt32, op, "invalid shape m, n, k = %d, %d, %d", m, n, k) ||
 		!d.need(a.N == m*k && b.N == k*n && c.N == m*n, op,
 			"a, b, c have %d, %d, %d elements; m, n, k = %d, %d, %d need %d, %d, %d", a.N, b.N, c.N, m, n, k, m*k, k*n, m*n) ||
-		!d.need(a.T.Float() && b.T == a.T && (c.T == a.T || c.T == gpu.F32), op,
+		!d.need(a.T.Float() && b.T == a.T && (c.T == a.T || c.T == engine.F32), op,
 			"types %v·%v into %v: A and B need one floating-point type, C that type or f32", a.T, b.T, c.T) {
 		return
 	}
@@ -47,7 +47,7 @@ func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b gpu.
 }
 
 // AddBias adds bias to every row of y (perRow false) or bias[r] to row r (perRow true).
-func (d *Device) AddBias(y, bias gpu.Buf, rows, cols int, perRow bool) {
+func (d *Device) AddBias(y, bias engine.Buf, rows, cols int, perRow bool) {
 	const op = "AddBias"
 	nb := cols
 	if perRow {
@@ -70,7 +70,7 @@ func (d *Device) AddBias(y, bias gpu.Buf, rows, cols int, perRow bool) {
 // 32×32 block per 32 columns) or over its columns into dst[r] (perRow true: sum_cols, a
 // block per row), dst = beta·dst + Σ in fp32 in a fixed order. dst may be f32 while src is
 // the working type. As in BLAS, dst is not read when beta is 0.
-func (d *Device) SumRows(dst, src gpu.Buf, rows, cols int, perRow bool, beta float32) {
+func (d *Device) SumRows(dst, src engine.Buf, rows, cols int, perRow bool, beta float32) {
 	const op = "SumRows"
 	nd := cols
 	if perRow {
@@ -95,7 +95,7 @@ func (d *Device) SumRows(dst, src gpu.Buf, rows, cols int, perRow bool, beta flo
 }
 
 // ReLU sets y = max(x, 0) with Go's max: a NaN stays NaN.
-func (d *Device) ReLU(y, x gpu.Buf) {
+func (d *Device) ReLU(y, x engine.Buf) {
 	const op = "ReLU"
 	ok := d.begin()
 	defer d.exit()
@@ -108,7 +108,7 @@ func (d *Device) ReLU(y, x gpu.Buf) {
 }
 
 // ReLUGrad sets dx = dy where y > 0, else 0.
-func (d *Device) ReLUGrad(dx, dy, y gpu.Buf) {
+func (d *Device) ReLUGrad(dx, dy, y engine.Buf) {
 	const op = "ReLUGrad"
 	ok := d.begin()
 	defer d.exit()
@@ -123,7 +123,7 @@ func (d *Device) ReLUGrad(dx, dy, y gpu.Buf) {
 
 // Transpose01 moves elements without converting them, so their bits are kept (i32 too,
 // through the f32 kernel).
-func (d *Device) Transpose01(dst, src gpu.Buf, a, b, r int) {
+func (d *Device) Transpose01(dst, src engine.Buf, a, b, r int) {
 	const op = "Transpose01"
 	ok := d.begin()
 	defer d.exit()
@@ -133,8 +133,8 @@ func (d *Device) Transpose01(dst, src gpu.Buf, a, b, r int) {
 		return
 	}
 	t := dst.T
-	if t == gpu.I32 {
-		t = gpu.F32
+	if t == engine.I32 {
+		t = engine.F32
 	}
 	if f, ok := d.kernel(op, "transpose01", t, 0); ok {
 		d.launch(op, f, d.blocks(dst.N, threads), threads, 1, ptr(dst), ptr(src), i64(a), i64(b), i64(r))
@@ -142,7 +142,7 @@ func (d *Device) Transpose01(dst, src gpu.Buf, a, b, r int) {
 }
 
 // convShape checks the arguments of Im2Col and Col2Im.
-func (d *Device) convShape(op string, cols, x gpu.Buf, n, c, h, w, k, pad int) bool {
+func (d *Device) convShape(op string, cols, x engine.Buf, n, c, h, w, k, pad int) bool {
 	oh, ow := h+2*pad-k+1, w+2*pad-k+1
 	return d.need(n >= 0 && c >= 0 && h >= 0 && w >= 0 && k >= 1 && pad >= 0 && oh >= 1 && ow >= 1, op,
 		"invalid shape n, c, h, w = %d, %d, %d, %d with k = %d, pad = %d", n, c, h, w, k, pad) &&
@@ -152,7 +152,7 @@ func (d *Device) convShape(op string, cols, x gpu.Buf, n, c, h, w, k, pad int) b
 }
 
 // Im2Col unfolds x for a k×k, stride-1 convolution.
-func (d *Device) Im2Col(cols, x gpu.Buf, n, c, h, w, k, pad int) {
+func (d *Device) Im2Col(cols, x engine.Buf, n, c, h, w, k, pad int) {
 	const op = "Im2Col"
 	ok := d.begin()
 	defer d.exit()
@@ -166,7 +166,7 @@ func (d *Device) Im2Col(cols, x gpu.Buf, n, c, h, w, k, pad int) {
 }
 
 // Col2Im is Im2Col's adjoint, a gather per element of dx (no atomics, a fixed order).
-func (d *Device) Col2Im(dx, cols gpu.Buf, n, c, h, w, k, pad int) {
+func (d *Device) Col2Im(dx, cols engine.Buf, n, c, h, w, k, pad int) {
 	const op = "Col2Im"
 	ok := d.begin()
 	defer d.exit()
@@ -181,7 +181,7 @@ func (d *Device) Col2Im(dx, cols gpu.Buf, n, c, h, w, k, pad int) {
 
 // MaxPool2 is a 2×2, stride-2 max-pool; ties and NaNs go to the first element of the window
 // in row-major order (v > best).
-func (d *Device) MaxPool2(y, idx, x gpu.Buf, planes, h, w int) {
+func (d *Device) MaxPool2(y, idx, x engine.Buf, planes, h, w int) {
 	const op = "MaxPool2"
 	ny := planes * (h / 2) * (w / 2)
 	ok := d.begin()
@@ -190,7 +190,7 @@ func (d *Device) MaxPool2(y, idx, x gpu.Buf, planes, h, w int) {
 		!d.need(planes >= 0 && h >= 0 && w >= 0 && x.N == planes*h*w, op, "x has %d elements, not planes×h×w = %d×%d×%d", x.N, planes, h, w) ||
 		!d.need(x.N <= math.MaxInt32, op, "x has %d elements; i32 indices address at most 2³¹-1", x.N) ||
 		!d.need(y.N == ny && y.T == x.T, op, "y is %d×%v, want %d×%v", y.N, y.T, ny, x.T) ||
-		!d.need(idx.N == ny && idx.T == gpu.I32, op, "idx is %d×%v, want %d×i32", idx.N, idx.T, ny) || ny == 0 {
+		!d.need(idx.N == ny && idx.T == engine.I32, op, "idx is %d×%v, want %d×i32", idx.N, idx.T, ny) || ny == 0 {
 		return
 	}
 	if f, ok := d.kernel(op, "maxpool2", x.T, 0); ok {
@@ -199,12 +199,12 @@ func (d *Device) MaxPool2(y, idx, x gpu.Buf, planes, h, w int) {
 }
 
 // MaxPool2Grad zeroes dx (a memset) and scatters dy to idx; indices outside dx are skipped.
-func (d *Device) MaxPool2Grad(dx, dy, idx gpu.Buf) {
+func (d *Device) MaxPool2Grad(dx, dy, idx engine.Buf) {
 	const op = "MaxPool2Grad"
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs(op, dx, dy, idx) || !d.need(dx.T == dy.T, op, "dx is %v but dy %v", dx.T, dy.T) ||
-		!d.need(idx.N == dy.N && idx.T == gpu.I32, op, "idx is %d×%v for %d gradients", idx.N, idx.T, dy.N) ||
+		!d.need(idx.N == dy.N && idx.T == engine.I32, op, "idx is %d×%v for %d gradients", idx.N, idx.T, dy.N) ||
 		!d.need(dy.N <= dx.N, op, "dy has %d elements, dx only %d", dy.N, dx.N) || dx.N == 0 {
 		return
 	}
@@ -218,7 +218,7 @@ func (d *Device) MaxPool2Grad(dx, dy, idx gpu.Buf) {
 
 // SoftmaxXent runs one warp per row. A label outside [0, classes) gives a NaN loss and a
 // gradient without the one-hot term.
-func (d *Device) SoftmaxXent(dlogits, loss, logits, labels gpu.Buf, rows, classes int, scale float32) {
+func (d *Device) SoftmaxXent(dlogits, loss, logits, labels engine.Buf, rows, classes int, scale float32) {
 	const op = "SoftmaxXent"
 	ok := d.begin()
 	defer d.exit()
@@ -227,8 +227,8 @@ func (d *Device) SoftmaxXent(dlogits, loss, logits, labels gpu.Buf, rows, classe
 			"logits has %d elements, not rows×classes = %d×%d", logits.N, rows, classes) ||
 		!d.need(dlogits.N == logits.N && dlogits.T == logits.T, op, "dlogits is %d×%v, logits %d×%v",
 			dlogits.N, dlogits.T, logits.N, logits.T) ||
-		!d.need(loss.N == rows && loss.T == gpu.F32, op, "loss is %d×%v, want %d×f32", loss.N, loss.T, rows) ||
-		!d.need(labels.N == rows && labels.T == gpu.I32, op, "labels is %d×%v, want %d×i32", labels.N, labels.T, rows) ||
+		!d.need(loss.N == rows && loss.T == engine.F32, op, "loss is %d×%v, want %d×f32", loss.N, loss.T, rows) ||
+		!d.need(labels.N == rows && labels.T == engine.I32, op, "labels is %d×%v, want %d×i32", labels.N, labels.T, rows) ||
 		rows == 0 {
 		return
 	}
@@ -240,17 +240,17 @@ func (d *Device) SoftmaxXent(dlogits, loss, logits, labels gpu.Buf, rows, classe
 
 // AdamW is vec.AdamW on the device, bit for bit (see kernels.cu), then w = p rounded to w.T
 // when w is Valid.
-func (d *Device) AdamW(p, m, v, g, w gpu.Buf, c vec.AdamConsts) {
+func (d *Device) AdamW(p, m, v, g, w engine.Buf, c vec.AdamConsts) {
 	const op = "AdamW"
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs(op, p, m, v, g) ||
-		!d.need(p.T == gpu.F32 && m.T == gpu.F32 && v.T == gpu.F32, op, "p, m, v are %v, %v, %v; they must be f32", p.T, m.T, v.T) ||
+		!d.need(p.T == engine.F32 && m.T == engine.F32 && v.T == engine.F32, op, "p, m, v are %v, %v, %v; they must be f32", p.T, m.T, v.T) ||
 		!d.need(m.N == p.N && v.N == p.N && g.N == p.N, op, "p, m, v, g have %d, %d, %d, %d elements", p.N, m.N, v.N, g.N) ||
 		!d.need(!w.Valid() || w.N == p.N, op, "w has %d elements, p %d", w.N, p.N) || p.N == 0 {
 		return
 	}
-	wt, wp := gpu.F32, uint64(0)
+	wt, wp := engine.F32, uint64(0)
 	if w.Valid() {
 		wt, wp = w.T, ptr(w)
 	}
@@ -261,11 +261,11 @@ func (d *Device) AdamW(p, m, v, g, w gpu.Buf, c vec.AdamConsts) {
 }
 
 // UnscaleCheck multiplies g by s and sets found[0] = 1 if an element was Inf or NaN.
-func (d *Device) UnscaleCheck(g, found gpu.Buf, s float32) {
+func (d *Device) UnscaleCheck(g, found engine.Buf, s float32) {
 	const op = "UnscaleCheck"
 	ok := d.begin()
 	defer d.exit()
-	if !ok || !d.bufs(op, g, found) || !d.need(found.N == 1 && found.T == gpu.F32, op, "found is %d×%v, want 1×f32", found.N, found.T) || g.N == 0 {
+	if !ok || !d.bufs(op, g, found) || !d.need(found.N == 1 && found.T == engine.F32, op, "found is %d×%v, want 1×f32", found.N, found.T) || g.N == 0 {
 		return
 	}
 	if f, ok := d.kernel(op, "unscale_check", g.T, 0); ok {
@@ -275,11 +275,11 @@ func (d *Device) UnscaleCheck(g, found gpu.Buf, s float32) {
 
 // SumSquares adds Σ g² to acc[0]: fp32 per block, one atomicAdd per block (so the last bits
 // depend on the blocks' order).
-func (d *Device) SumSquares(acc, g gpu.Buf) {
+func (d *Device) SumSquares(acc, g engine.Buf) {
 	const op = "SumSquares"
 	ok := d.begin()
 	defer d.exit()
-	if !ok || !d.bufs(op, acc, g) || !d.need(acc.N == 1 && acc.T == gpu.F32, op, "acc is %d×%v, want 1×f32", acc.N, acc.T) || g.N == 0 {
+	if !ok || !d.bufs(op, acc, g) || !d.need(acc.N == 1 && acc.T == engine.F32, op, "acc is %d×%v, want 1×f32", acc.N, acc.T) || g.N == 0 {
 		return
 	}
 	if f, ok := d.kernel(op, "sum_squares", g.T, 0); ok {

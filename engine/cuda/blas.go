@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/dynlib"
 )
 
@@ -103,7 +103,7 @@ func (b *cublas) status(call string, s int32) error {
 	if s == cublasStatusSuccess {
 		return nil
 	}
-	return fmt.Errorf("%w: %s (%s) returned %s", gpu.ErrDevice, call, b.lib.Path, cublasStatusName(s))
+	return fmt.Errorf("%w: %s (%s) returned %s", engine.ErrDevice, call, b.lib.Path, cublasStatusName(s))
 }
 
 func cublasStatusName(s int32) string {
@@ -131,11 +131,11 @@ func cublasStatusName(s int32) string {
 }
 
 // cudaDataType is cuBLAS's name for a buffer type.
-func cudaDataType(t gpu.DType) int32 {
+func cudaDataType(t engine.DType) int32 {
 	switch t {
-	case gpu.F16:
+	case engine.F16:
 		return cudaR16F
-	case gpu.BF16:
+	case engine.BF16:
 		return cudaR16BF
 	}
 	return cudaR32F

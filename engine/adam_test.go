@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"math"
@@ -28,7 +28,7 @@ func TestAdamMatchesCPUOptimizer(t *testing.T) {
 			}
 			defer cpu.Close()
 			hostW := append([]float32(nil), w...)
-			alloc := NewAllocator(NewHost())
+			alloc := NewAllocator(NewReference())
 			a, err := NewAdam(alloc, cfg, w)
 			if err != nil {
 				t.Fatal(err)
@@ -93,7 +93,7 @@ func TestAdamMatchesCPUOptimizer(t *testing.T) {
 }
 
 func TestAdamOverflowAndRefusals(t *testing.T) {
-	alloc := NewAllocator(NewHost())
+	alloc := NewAllocator(NewReference())
 	a, err := NewAdam(alloc, offload.DefaultConfig(), make([]float32, 4))
 	if err != nil {
 		t.Fatal(err)

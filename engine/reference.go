@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"fmt"
@@ -10,11 +10,11 @@ import (
 	"github.com/qvd/qvd/memory"
 )
 
-// Host is the reference Device: plain Go on the CPU, one operation at a time, with the CUDA
+// Reference is the reference Device: plain Go on the CPU, one operation at a time, with the CUDA
 // backend's semantics — half-precision buffers hold values rounded to their type, every
 // operation computes in fp32 and rounds once when it stores. The engine's tests run on it
 // everywhere, and the CUDA kernels are checked against it on a GPU.
-type Host struct {
+type Reference struct {
 	mu    sync.Mutex
 	next  Ptr
 	mem   map[Ptr]*hostAlloc
@@ -29,24 +29,24 @@ type hostAlloc struct {
 	t DType
 }
 
-var _ Device = (*Host)(nil)
+var _ Device = (*Reference)(nil)
 
-// NewHost returns a reference device with no memory limit.
-func NewHost() *Host { return &Host{next: 1 << 12, mem: map[Ptr]*hostAlloc{}} }
+// NewReference returns a reference device with no memory limit.
+func NewReference() *Reference { return &Reference{next: 1 << 12, mem: map[Ptr]*hostAlloc{}} }
 
-// NewHostLimit returns a reference device whose Malloc fails with memory.ErrOutOfMemory past
+// NewReferenceLimit returns a reference device whose Malloc fails with memory.ErrOutOfMemory past
 // limit bytes: a small GPU for tests of the out-of-memory paths.
-func NewHostLimit(limit uint64) *Host {
-	h := NewHost()
+func NewReferenceLimit(limit uint64) *Reference {
+	h := NewReference()
 	h.limit = limit
 	return h
 }
 
-func (h *Host) Name() string { return "host reference device (plain Go)" }
+func (h *Reference) Name() string { return "host reference device (plain Go)" }
 
-func (h *Host) TotalMemory() uint64 { return h.limit }
+func (h *Reference) TotalMemory() uint64 { return h.limit }
 
-func (h *Host) Malloc(n int, t DType) (Buf, error) {
+func (h *Reference) Malloc(n int, t DType) (Buf, error) {
 	if n < 0 || t.Size() == 0 {
 		return Buf{}, fmt.Errorf("%w: malloc of %d elements of %v", ErrDevice, n, t)
 	}
@@ -69,7 +69,7 @@ func (h *Host) Malloc(n int, t DType) (Buf, error) {
 	return Buf{Ptr: p, N: n, T: t}, nil
 }
 
-func (h *Host) Release(b Buf) {
+func (h *Reference) Release(b Buf) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if a, ok := h.mem[b.Ptr]; ok {
@@ -79,14 +79,14 @@ func (h *Host) Release(b Buf) {
 }
 
 // fail latches the first error, as a CUDA context keeps its first fault.
-func (h *Host) fail(format string, args ...any) {
+func (h *Reference) fail(format string, args ...any) {
 	if h.err == nil {
 		h.err = fmt.Errorf("%w: "+format, append([]any{ErrDevice}, args...)...)
 	}
 }
 
 // f returns the float32 storage of b, or nil (with the error latched) for a bad view.
-func (h *Host) f(b Buf) []float32 {
+func (h *Reference) f(b Buf) []float32 {
 	if h.err != nil {
 		return nil
 	}
@@ -105,7 +105,7 @@ func (h *Host) f(b Buf) []float32 {
 	return a.f[b.Off : b.Off+b.N]
 }
 
-func (h *Host) i32(b Buf) []int32 {
+func (h *Reference) i32(b Buf) []int32 {
 	if h.err != nil {
 		return nil
 	}
@@ -125,7 +125,7 @@ func (h *Host) i32(b Buf) []int32 {
 }
 
 // check latches an error unless every condition holds; it reports whether to go on.
-func (h *Host) check(ok bool, format string, args ...any) bool {
+func (h *Reference) check(ok bool, format string, args ...any) bool {
 	if !ok {
 		h.fail(format, args...)
 	}
@@ -149,7 +149,7 @@ func round1(v float32, t DType) float32 {
 	return v
 }
 
-func (h *Host) Upload(dst Buf, src []float32) {
+func (h *Reference) Upload(dst Buf, src []float32) {
 	d := h.f(dst)
 	if d == nil || !h.check(len(src) == dst.N, "upload of %d values into %d", len(src), dst.N) {
 		return
@@ -159,22 +159,22 @@ func (h *Host) Upload(dst Buf, src []float32) {
 }
 
 // UploadAsync is Upload: the reference device has one stream, so nothing overlaps.
-func (h *Host) UploadAsync(dst Buf, src []float32) { h.Upload(dst, src) }
+func (h *Reference) UploadAsync(dst Buf, src []float32) { h.Upload(dst, src) }
 
 // WaitUploads has nothing to wait for.
-func (h *Host) WaitUploads() {}
+func (h *Reference) WaitUploads() {}
 
 // DownloadAsync copies at once: the reference device has one stream.
-func (h *Host) DownloadAsync(dst []float32, src Buf) {
+func (h *Reference) DownloadAsync(dst []float32, src Buf) {
 	if s := h.f(src); s != nil && h.check(len(dst) == src.N, "download of %d values into %d", src.N, len(dst)) {
 		copy(dst, s)
 	}
 }
 
 // WaitDownloads returns the first error since the last Sync, as Download does.
-func (h *Host) WaitDownloads() error { return h.Sync() }
+func (h *Reference) WaitDownloads() error { return h.Sync() }
 
-func (h *Host) UploadInt32(dst Buf, src []int32) {
+func (h *Reference) UploadInt32(dst Buf, src []int32) {
 	d := h.i32(dst)
 	if d == nil || !h.check(len(src) == dst.N, "upload of %d ints into %d", len(src), dst.N) {
 		return
@@ -182,7 +182,7 @@ func (h *Host) UploadInt32(dst Buf, src []int32) {
 	copy(d, src)
 }
 
-func (h *Host) Download(dst []float32, src Buf) error {
+func (h *Reference) Download(dst []float32, src Buf) error {
 	if src.T == I32 {
 		s := h.i32(src)
 		if s != nil && h.check(len(dst) == src.N, "download of %d values into %d", src.N, len(dst)) {
@@ -199,7 +199,7 @@ func (h *Host) Download(dst []float32, src Buf) error {
 	return h.Sync()
 }
 
-func (h *Host) Fill(b Buf, v float32) {
+func (h *Reference) Fill(b Buf, v float32) {
 	if b.T == I32 {
 		if d := h.i32(b); d != nil {
 			for i := range d {
@@ -215,7 +215,7 @@ func (h *Host) Fill(b Buf, v float32) {
 	}
 }
 
-func (h *Host) Copy(dst, src Buf) {
+func (h *Reference) Copy(dst, src Buf) {
 	d, s := h.f(dst), h.f(src)
 	if d == nil || s == nil || !h.check(dst.N == src.N, "copy of %d elements into %d", src.N, dst.N) {
 		return
@@ -224,7 +224,7 @@ func (h *Host) Copy(dst, src Buf) {
 	round(d, dst.T)
 }
 
-func (h *Host) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf) {
+func (h *Reference) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf) {
 	A, B, C := h.f(a), h.f(b), h.f(c)
 	if A == nil || B == nil || C == nil {
 		return
@@ -274,7 +274,7 @@ func biasLen(rows, cols int, perRow bool) int {
 	return cols
 }
 
-func (h *Host) AddBias(y, bias Buf, rows, cols int, perRow bool) {
+func (h *Reference) AddBias(y, bias Buf, rows, cols int, perRow bool) {
 	Y, B := h.f(y), h.f(bias)
 	if Y == nil || B == nil {
 		return
@@ -296,7 +296,7 @@ func (h *Host) AddBias(y, bias Buf, rows, cols int, perRow bool) {
 	}
 }
 
-func (h *Host) SumRows(dst, src Buf, rows, cols int, perRow bool, beta float32) {
+func (h *Reference) SumRows(dst, src Buf, rows, cols int, perRow bool, beta float32) {
 	D, S := h.f(dst), h.f(src)
 	if D == nil || S == nil {
 		return
@@ -323,7 +323,7 @@ func (h *Host) SumRows(dst, src Buf, rows, cols int, perRow bool, beta float32) 
 	}
 }
 
-func (h *Host) ReLU(y, x Buf) {
+func (h *Reference) ReLU(y, x Buf) {
 	Y, X := h.f(y), h.f(x)
 	if Y == nil || X == nil || !h.check(len(Y) == len(X), "relu of %d into %d", len(X), len(Y)) {
 		return
@@ -333,7 +333,7 @@ func (h *Host) ReLU(y, x Buf) {
 	}
 }
 
-func (h *Host) ReLUGrad(dx, dy, y Buf) {
+func (h *Reference) ReLUGrad(dx, dy, y Buf) {
 	DX, DY, Y := h.f(dx), h.f(dy), h.f(y)
 	if DX == nil || DY == nil || Y == nil || !h.check(len(DX) == len(DY) && len(DY) == len(Y), "relu_grad lengths %d, %d, %d", len(DX), len(DY), len(Y)) {
 		return
@@ -347,7 +347,7 @@ func (h *Host) ReLUGrad(dx, dy, y Buf) {
 	}
 }
 
-func (h *Host) Transpose01(dst, src Buf, a, b, r int) {
+func (h *Reference) Transpose01(dst, src Buf, a, b, r int) {
 	D, S := h.f(dst), h.f(src)
 	if D == nil || S == nil || !h.check(len(D) == a*b*r && len(S) == a*b*r, "transpose01 %dx%dx%d on %d and %d", a, b, r, len(S), len(D)) {
 		return
@@ -364,14 +364,14 @@ func (h *Host) Transpose01(dst, src Buf, a, b, r int) {
 // convShapes checks an image buffer x (n×c×hh×w) against its unfolded columns cols
 // ((c·k·k)×(n·oh·ow)) for a k×k, stride-1 convolution and returns the output size; false
 // (with the error latched) if either buffer is missing or the shapes disagree.
-func (h *Host) convShapes(op string, cols, x []float32, n, c, hh, w, k, pad int) (oh, ow int, ok bool) {
+func (h *Reference) convShapes(op string, cols, x []float32, n, c, hh, w, k, pad int) (oh, ow int, ok bool) {
 	oh, ow = hh+2*pad-k+1, w+2*pad-k+1
 	ok = cols != nil && x != nil &&
 		h.check(len(x) == n*c*hh*w && len(cols) == c*k*k*n*oh*ow && oh > 0 && ow > 0, "%s shapes", op)
 	return oh, ow, ok
 }
 
-func (h *Host) Im2Col(cols, x Buf, n, c, hh, w, k, pad int) {
+func (h *Reference) Im2Col(cols, x Buf, n, c, hh, w, k, pad int) {
 	C, X := h.f(cols), h.f(x)
 	oh, ow, ok := h.convShapes("im2col", C, X, n, c, hh, w, k, pad)
 	if !ok {
@@ -399,7 +399,7 @@ func (h *Host) Im2Col(cols, x Buf, n, c, hh, w, k, pad int) {
 	}
 }
 
-func (h *Host) Col2Im(dx, cols Buf, n, c, hh, w, k, pad int) {
+func (h *Reference) Col2Im(dx, cols Buf, n, c, hh, w, k, pad int) {
 	D, C := h.f(dx), h.f(cols)
 	oh, ow, ok := h.convShapes("col2im", C, D, n, c, hh, w, k, pad)
 	if !ok {
@@ -431,7 +431,7 @@ func (h *Host) Col2Im(dx, cols Buf, n, c, hh, w, k, pad int) {
 	}
 }
 
-func (h *Host) MaxPool2(y, idx, x Buf, planes, hh, w int) {
+func (h *Reference) MaxPool2(y, idx, x Buf, planes, hh, w int) {
 	Y, I, X := h.f(y), h.i32(idx), h.f(x)
 	oh, ow := hh/2, w/2
 	if Y == nil || I == nil || X == nil || !h.check(len(X) == planes*hh*w && len(Y) == planes*oh*ow && len(I) == len(Y), "maxpool2 shapes") {
@@ -455,7 +455,7 @@ func (h *Host) MaxPool2(y, idx, x Buf, planes, hh, w int) {
 	}
 }
 
-func (h *Host) MaxPool2Grad(dx, dy, idx Buf) {
+func (h *Reference) MaxPool2Grad(dx, dy, idx Buf) {
 	DX, DY, I := h.f(dx), h.f(dy), h.i32(idx)
 	if DX == nil || DY == nil || I == nil || !h.check(len(DY) == len(I), "maxpool2_grad: %d gradients, %d indices", len(DY), len(I)) {
 		return
@@ -469,7 +469,7 @@ func (h *Host) MaxPool2Grad(dx, dy, idx Buf) {
 	}
 }
 
-func (h *Host) SoftmaxXent(dlogits, loss, logits, labels Buf, rows, classes int, scale float32) {
+func (h *Reference) SoftmaxXent(dlogits, loss, logits, labels Buf, rows, classes int, scale float32) {
 	D, L, Z, Y := h.f(dlogits), h.f(loss), h.f(logits), h.i32(labels)
 	if D == nil || L == nil || Z == nil || Y == nil {
 		return
@@ -504,7 +504,7 @@ func (h *Host) SoftmaxXent(dlogits, loss, logits, labels Buf, rows, classes int,
 	}
 }
 
-func (h *Host) AdamW(p, m, v, g, w Buf, c vec.AdamConsts) {
+func (h *Reference) AdamW(p, m, v, g, w Buf, c vec.AdamConsts) {
 	P, M, V, G := h.f(p), h.f(m), h.f(v), h.f(g)
 	if P == nil || M == nil || V == nil || G == nil {
 		return
@@ -523,7 +523,7 @@ func (h *Host) AdamW(p, m, v, g, w Buf, c vec.AdamConsts) {
 	}
 }
 
-func (h *Host) UnscaleCheck(g, found Buf, s float32) {
+func (h *Reference) UnscaleCheck(g, found Buf, s float32) {
 	G, F := h.f(g), h.f(found)
 	if G == nil || F == nil || !h.check(len(F) == 1, "unscale_check: found has %d elements", len(F)) {
 		return
@@ -536,7 +536,7 @@ func (h *Host) UnscaleCheck(g, found Buf, s float32) {
 	}
 }
 
-func (h *Host) SumSquares(acc, g Buf) {
+func (h *Reference) SumSquares(acc, g Buf) {
 	A, G := h.f(acc), h.f(g)
 	if A == nil || G == nil || !h.check(len(A) == 1 && acc.T == F32, "sum_squares: accumulator must be one f32") {
 		return
@@ -548,13 +548,13 @@ func (h *Host) SumSquares(acc, g Buf) {
 	A[0] += s
 }
 
-func (h *Host) Sync() error {
+func (h *Reference) Sync() error {
 	err := h.err
 	h.err = nil
 	return err
 }
 
-func (h *Host) Close() error {
+func (h *Reference) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mem = map[Ptr]*hostAlloc{}

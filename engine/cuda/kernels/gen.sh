@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerates kernels.ptx from kernels.cu: `go generate ./gpu/cuda/kernels` (needs nvcc).
+# Regenerates kernels.ptx from kernels.cu: `go generate ./engine/cuda/kernels` (needs nvcc).
 # compute_80 is the oldest virtual architecture with bfloat16 arithmetic; the driver JIT-compiles
 # the PTX for the GPU it runs on (sm_90 on an H100). The first line records the source's
 # sha256, so a test can tell, without nvcc, that kernels.ptx was made from this kernels.cu.

@@ -20,7 +20,7 @@ func TestOnGPU(t *testing.T) {
 		defer c.Close()
 	}
 	if devs, err := src.Devices(); err != nil || len(devs) == 0 {
-		t.Skipf("no NVIDIA GPU here (%v): the CUDA backend and NCCL tests need one; on a GPU machine run `go test -tags cuda ./gpu/cuda ./collective/nccl`, or scripts/gpu/run.sh with binaries from scripts/gpu/prepare.sh", err)
+		t.Skipf("no NVIDIA GPU here (%v): the CUDA backend and NCCL tests need one; on a GPU machine run `go test -tags cuda ./engine/cuda ./collective/nccl`, or scripts/gpu/run.sh with binaries from scripts/gpu/prepare.sh", err)
 	}
 	if testing.Short() {
 		t.Skip("-short: the GPU tests take a while")

@@ -1,9 +1,9 @@
 // Package kernels holds the CUDA C kernels of the CUDA backend (kernels.cu) and the PTX that
 // nvcc makes of them (kernels.ptx, committed), so that building qvd needs no nvcc: the driver
-// JIT-compiles the PTX for its GPU when gpu/cuda loads the module. This package is plain Go
-// and builds everywhere; only gpu/cuda (build tag cuda) talks to the driver.
+// JIT-compiles the PTX for its GPU when engine/cuda loads the module. This package is plain Go
+// and builds everywhere; only engine/cuda (build tag cuda) talks to the driver.
 //
-// After editing kernels.cu, run `go generate ./gpu/cuda/kernels` and commit both files; a
+// After editing kernels.cu, run `go generate ./engine/cuda/kernels` and commit both files; a
 // test fails while the PTX is older than the source.
 package kernels
 
@@ -14,7 +14,7 @@ import (
 	"strings"
 )
 
-// PTX is the module gpu/cuda loads: kernels.cu compiled for compute_80.
+// PTX is the module engine/cuda loads: kernels.cu compiled for compute_80.
 //
 //go:embed kernels.ptx
 var PTX string
@@ -36,7 +36,7 @@ func sourceSHA256(ptx string) string {
 }
 
 // Types are the suffixes of the element types the kernels are instantiated for, as
-// gpu.DType's String gives them.
+// engine.DType's String gives them.
 var Types = []string{"f32", "f16", "bf16"}
 
 // Unary are the operations instantiated once per type: entry point op_T.

@@ -9,8 +9,8 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/qvd/qvd/gpu"
-	"github.com/qvd/qvd/gpu/cuda/kernels"
+	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/engine/cuda/kernels"
 	"github.com/qvd/qvd/internal/pinned"
 )
 
@@ -23,10 +23,10 @@ const (
 // kernelKey names an entry point: op_a for one type (b = 0), op_a_b for two.
 type kernelKey struct {
 	op   string
-	a, b gpu.DType
+	a, b engine.DType
 }
 
-var typeOfSuffix = map[string]gpu.DType{"f32": gpu.F32, "f16": gpu.F16, "bf16": gpu.BF16}
+var typeOfSuffix = map[string]engine.DType{"f32": engine.F32, "f16": engine.F16, "bf16": engine.BF16}
 
 // loadKernels looks up every entry point of the module.
 func (d *Device) loadKernels() error {
@@ -61,7 +61,7 @@ func (d *Device) loadKernels() error {
 
 // kernel returns the entry point of op for types a (and b), latching an error naming the
 // operation when there is none (a non-float type).
-func (d *Device) kernel(what, op string, a, b gpu.DType) (cu.Function, bool) {
+func (d *Device) kernel(what, op string, a, b engine.DType) (cu.Function, bool) {
 	f, ok := d.kern[kernelKey{op, a, b}]
 	if !ok {
 		types := a.String()
@@ -75,7 +75,7 @@ func (d *Device) kernel(what, op string, a, b gpu.DType) (cu.Function, bool) {
 
 // bufs latches an error naming op unless every non-empty view has an allocation and a
 // type: a kernel given address 0 faults, and a fault loses the context for good.
-func (d *Device) bufs(op string, bs ...gpu.Buf) bool {
+func (d *Device) bufs(op string, bs ...engine.Buf) bool {
 	for i, b := range bs {
 		if b.N < 0 || b.Off < 0 || b.N > 0 && !b.Valid() {
 			return d.need(false, op, "buffer argument %d is not a view of an allocation (%+v)", i+1, b)
@@ -103,7 +103,7 @@ func (d *Device) launch(what string, f cu.Function, gx, bx, by int, args ...uint
 	d.check(what, f.Launch(gx, 1, 1, bx, by, 1, 0, d.stream, kp))
 }
 
-func ptr(b gpu.Buf) uint64 { return b.Addr() }
+func ptr(b engine.Buf) uint64 { return b.Addr() }
 func i64(n int) uint64     { return uint64(int64(n)) }
 func f32(x float32) uint64 { return uint64(math.Float32bits(x)) }
 

@@ -7,7 +7,7 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/qvd/qvd/gpu"
+	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/pinned"
 	"github.com/qvd/qvd/internal/vec"
@@ -16,7 +16,7 @@ import (
 // Upload copies src into dst, rounding to dst.T on the host (vec's conversions, bit-identical
 // to internal/half). It returns once src has been converted into pinned staging chunks: the
 // copies run on the compute stream after the work queued before, and src may be reused.
-func (d *Device) Upload(dst gpu.Buf, src []float32) {
+func (d *Device) Upload(dst engine.Buf, src []float32) {
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs("Upload", dst) || !d.need(dst.T.Float(), "Upload", "dst is %v; labels go through UploadInt32", dst.T) ||
@@ -27,10 +27,10 @@ func (d *Device) Upload(dst gpu.Buf, src []float32) {
 }
 
 // UploadInt32 copies src into dst (I32).
-func (d *Device) UploadInt32(dst gpu.Buf, src []int32) {
+func (d *Device) UploadInt32(dst engine.Buf, src []int32) {
 	ok := d.begin()
 	defer d.exit()
-	if !ok || !d.bufs("UploadInt32", dst) || !d.need(dst.T == gpu.I32, "UploadInt32", "dst is %v, not i32", dst.T) ||
+	if !ok || !d.bufs("UploadInt32", dst) || !d.need(dst.T == engine.I32, "UploadInt32", "dst is %v, not i32", dst.T) ||
 		!d.need(len(src) == dst.N, "UploadInt32", "%d values for a buffer of %d elements", len(src), dst.N) {
 		return
 	}
@@ -43,7 +43,7 @@ func (d *Device) UploadInt32(dst gpu.Buf, src []int32) {
 // (the next layer's parameters while this one computes). The copy starts after the compute
 // work queued before the call (which may still read dst); the compute stream sees the new
 // contents only after WaitUploads. Staging is separate from Upload's.
-func (d *Device) UploadAsync(dst gpu.Buf, src []float32) {
+func (d *Device) UploadAsync(dst engine.Buf, src []float32) {
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs("UploadAsync", dst) || !d.need(dst.T.Float(), "UploadAsync", "dst is %v, not a floating-point type", dst.T) ||
@@ -74,14 +74,14 @@ func (d *Device) WaitUploads() {
 type pendingDownload struct {
 	dst []float32
 	off int // into dlStage, bytes
-	t   gpu.DType
+	t   engine.DType
 }
 
 // DownloadAsync queues a copy of src into pinned memory on the copy stream, after the compute
 // work queued so far (the kernels that wrote src): the copy overlaps the compute stream's next
 // work — the gradient of the layer below while this one's travels. WaitDownloads waits for
 // the copies and converts them into dst, which must not be read before.
-func (d *Device) DownloadAsync(dst []float32, src gpu.Buf) {
+func (d *Device) DownloadAsync(dst []float32, src engine.Buf) {
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs("DownloadAsync", src) || !d.need(src.T.Float(), "DownloadAsync", "src is %v, not a floating-point type", src.T) ||
@@ -139,7 +139,7 @@ func (d *Device) drainDownloads() bool {
 
 // upload copies dst.N elements into dst through st's chunks on stream; fill writes elements
 // [off, off+n) into a chunk.
-func (d *Device) upload(what string, st *stager, stream cu.Stream, dst gpu.Buf, fill func(chunk []byte, off, n int)) {
+func (d *Device) upload(what string, st *stager, stream cu.Stream, dst engine.Buf, fill func(chunk []byte, off, n int)) {
 	size := dst.T.Size()
 	per := stageChunk / size
 	for off := 0; off < dst.N; off += per {
@@ -160,7 +160,7 @@ func (d *Device) upload(what string, st *stager, stream cu.Stream, dst gpu.Buf, 
 // Download waits for the queued work and copies src into dst, converting to float32 (I32
 // values too). Like Sync (and the reference device) it returns the first error since the
 // last Sync and clears it; dst is untouched when an error was latched before.
-func (d *Device) Download(dst []float32, src gpu.Buf) error {
+func (d *Device) Download(dst []float32, src engine.Buf) error {
 	err := d.enter()
 	defer d.exit()
 	if d.err == nil && err != nil {
@@ -171,7 +171,7 @@ func (d *Device) Download(dst []float32, src gpu.Buf) error {
 	return err
 }
 
-func (d *Device) download(dst []float32, src gpu.Buf) {
+func (d *Device) download(dst []float32, src engine.Buf) {
 	if d.err != nil || !d.bufs("Download", src) ||
 		!d.need(src.T.Size() > 0, "Download", "src has no element type") ||
 		!d.need(len(dst) == src.N, "Download", "%d values for a buffer of %d elements", len(dst), src.N) {
@@ -216,35 +216,35 @@ func (d *Device) download(dst []float32, src gpu.Buf) {
 }
 
 // encode writes src into b in type t, rounding to nearest even.
-func encode(t gpu.DType, b []byte, src []float32) {
+func encode(t engine.DType, b []byte, src []float32) {
 	if len(src) == 0 {
 		return
 	}
 	p := unsafe.Pointer(&b[0])
 	switch t {
-	case gpu.F32:
+	case engine.F32:
 		copy(unsafe.Slice((*float32)(p), len(src)), src)
-	case gpu.F16:
+	case engine.F16:
 		vec.EncodeF16(unsafe.Slice((*uint16)(p), len(src)), src)
-	case gpu.BF16:
+	case engine.BF16:
 		vec.EncodeBF16(unsafe.Slice((*uint16)(p), len(src)), src)
 	}
 }
 
 // decode reads len(dst) elements of type t from b into dst.
-func decode(t gpu.DType, dst []float32, b []byte) {
+func decode(t engine.DType, dst []float32, b []byte) {
 	if len(dst) == 0 {
 		return
 	}
 	p := unsafe.Pointer(&b[0])
 	switch t {
-	case gpu.F32:
+	case engine.F32:
 		copy(dst, unsafe.Slice((*float32)(p), len(dst)))
-	case gpu.F16:
+	case engine.F16:
 		vec.DecodeF16(dst, unsafe.Slice((*uint16)(p), len(dst)))
-	case gpu.BF16:
+	case engine.BF16:
 		half.DecodeBF16(dst, unsafe.Slice((*uint16)(p), len(dst)))
-	case gpu.I32:
+	case engine.I32:
 		for i, v := range unsafe.Slice((*int32)(p), len(dst)) {
 			dst[i] = float32(v)
 		}
@@ -252,13 +252,13 @@ func decode(t gpu.DType, dst []float32, b []byte) {
 }
 
 // Fill sets every element of b to v (rounded to b.T; an I32 buffer gets int32(v)).
-func (d *Device) Fill(b gpu.Buf, v float32) {
+func (d *Device) Fill(b engine.Buf, v float32) {
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs("Fill", b) || b.N == 0 {
 		return
 	}
-	if b.T == gpu.I32 {
+	if b.T == engine.I32 {
 		d.check("Fill: cuMemsetD32Async", cu.MemsetD32Async(cu.DevicePtr(b.Addr()), uint(uint32(int32(v))), int64(b.N), d.stream))
 		return
 	}
@@ -269,7 +269,7 @@ func (d *Device) Fill(b gpu.Buf, v float32) {
 
 // Copy copies src into dst: a device-to-device copy for equal types (bits unchanged), the
 // convert kernel between floating-point types.
-func (d *Device) Copy(dst, src gpu.Buf) {
+func (d *Device) Copy(dst, src engine.Buf) {
 	ok := d.begin()
 	defer d.exit()
 	if !ok || !d.bufs("Copy", dst, src) || !d.need(dst.N == src.N, "Copy", "dst has %d elements, src %d", dst.N, src.N) || dst.N == 0 {
@@ -285,6 +285,6 @@ func (d *Device) Copy(dst, src gpu.Buf) {
 }
 
 // zero queues a memset of b to zero bits (+0 in every floating-point type).
-func (d *Device) zero(b gpu.Buf) error {
+func (d *Device) zero(b engine.Buf) error {
 	return cu.MemsetD8Async(cu.DevicePtr(b.Addr()), 0, int64(b.Bytes()), d.stream)
 }

@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"fmt"
@@ -46,7 +46,7 @@ type Counter func() (int, error)
 var (
 	backendsMu sync.Mutex
 	backends   = map[string]backend{
-		"reference": {open: func(int) (Device, error) { return NewHost(), nil }, count: func() (int, error) { return 1, nil }},
+		"reference": {open: func(int) (Device, error) { return NewReference(), nil }, count: func() (int, error) { return 1, nil }},
 	}
 )
 
@@ -56,7 +56,7 @@ type backend struct {
 }
 
 // Register makes a backend available to Open; the CUDA backend registers itself when a
-// binary built with -tags cuda links gpu/cuda.
+// binary built with -tags cuda links engine/cuda.
 func Register(name string, open Opener, count Counter) {
 	backendsMu.Lock()
 	defer backendsMu.Unlock()
