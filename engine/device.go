@@ -146,6 +146,25 @@ type Device interface {
 	// BLAS: whatever it held, NaN included, does not matter); the same holds for SumRows.
 	Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf)
 
+	// GemmLD is Gemm on matrices whose rows lie lda, ldb and ldc elements apart (each at
+	// least its stored row length): blocks of rows or columns of larger matrices, such as the
+	// part of a weight gradient that falls in one communication bucket. Each view must cover
+	// its strided extent, (rows−1)·ld + row length elements.
+	GemmLD(transA, transB bool, m, n, k int, alpha float32, a Buf, lda int, b Buf, ldb int, beta float32, c Buf, ldc int)
+
+	// ConvWorkspace is the workspace Conv2D and Conv2DBackward need for shape s: n elements of
+	// type t (n 0: none). Each backend computes a convolution its own way (the CPU backend one
+	// sample at a time, in cache; the CUDA one as a batch-wide unfolding and GEMM), so each
+	// says what it needs, and the engine allocates it where activations are accounted.
+	ConvWorkspace(s ConvShape, t DType) (n int, wt DType)
+	// Conv2D computes y (N×Out×OH×OW) = x (N×C×H×W) ⋆ w (Out×C×K×K) + bias (Out): a stride-1
+	// convolution with Pad zeros on every side (PyTorch's Conv2d, NCHW).
+	Conv2D(y, x, w, bias, ws Buf, s ConvShape)
+	// Conv2DBackward computes, from dy (N×Out×OH×OW) and the forward pass's x and w, the
+	// weight and bias gradients into dw = beta·dw + ∂L/∂w and db = beta·db + ∂L/∂b (either may
+	// be an invalid Buf: a frozen tensor) and, if dx is Valid, the input gradient dx.
+	Conv2DBackward(dx, dw, db, dy, x, w, ws Buf, s ConvShape, beta float32)
+
 	// AddBias adds bias to a rows×cols matrix y: bias[c] to every row when perRow is false,
 	// bias[r] to every element of row r when perRow is true (a convolution's bias over the
 	// channel-major layout).

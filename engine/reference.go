@@ -225,24 +225,56 @@ func (h *Reference) Copy(dst, src Buf) {
 }
 
 func (h *Reference) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf) {
+	lda, ldb := k, n
+	if transA {
+		lda = m
+	}
+	if transB {
+		ldb = k
+	}
+	if !h.check(a.N == m*k && b.N == k*n && c.N == m*n, "gemm %dx%dx%d on buffers of %d, %d, %d", m, n, k, a.N, b.N, c.N) {
+		return
+	}
+	h.GemmLD(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, n)
+}
+
+// stridedLen is the extent of a rows×cols row-major matrix whose rows are ld apart.
+func stridedLen(rows, cols, ld int) int {
+	if rows == 0 || cols == 0 {
+		return 0
+	}
+	return (rows-1)*ld + cols
+}
+
+func (h *Reference) GemmLD(transA, transB bool, m, n, k int, alpha float32, a Buf, lda int, b Buf, ldb int, beta float32, c Buf, ldc int) {
 	A, B, C := h.f(a), h.f(b), h.f(c)
 	if A == nil || B == nil || C == nil {
 		return
 	}
-	if !h.check(len(A) == m*k && len(B) == k*n && len(C) == m*n, "gemm %dx%dx%d on buffers of %d, %d, %d", m, n, k, len(A), len(B), len(C)) {
+	ar, ac := m, k // stored shape of A
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	if !h.check(m >= 0 && n >= 0 && k >= 0 && lda >= ac && ldb >= bc && ldc >= n &&
+		len(A) >= stridedLen(ar, ac, lda) && len(B) >= stridedLen(br, bc, ldb) && len(C) >= stridedLen(m, n, ldc),
+		"gemm %dx%dx%d (ld %d, %d, %d) on buffers of %d, %d, %d", m, n, k, lda, ldb, ldc, len(A), len(B), len(C)) {
 		return
 	}
 	at := func(i, p int) float32 {
 		if transA {
-			return A[p*m+i]
+			return A[p*lda+i]
 		}
-		return A[i*k+p]
+		return A[i*lda+p]
 	}
 	bt := func(p, j int) float32 {
 		if transB {
-			return B[j*k+p]
+			return B[j*ldb+p]
 		}
-		return B[p*n+j]
+		return B[p*ldb+j]
 	}
 	row := make([]float32, n)
 	for i := 0; i < m; i++ {
@@ -259,9 +291,137 @@ func (h *Reference) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b B
 		for j := 0; j < n; j++ {
 			v := alpha * row[j]
 			if beta != 0 {
-				v += beta * C[i*n+j]
+				v += beta * C[i*ldc+j]
 			}
-			C[i*n+j] = round1(v, c.T)
+			C[i*ldc+j] = round1(v, c.T)
+		}
+	}
+}
+
+// ConvWorkspace: the reference device convolves directly, with no workspace.
+func (h *Reference) ConvWorkspace(s ConvShape, t DType) (int, DType) { return 0, t }
+
+// convCheck resolves and checks a convolution's buffers (those not Valid come back nil).
+func (h *Reference) convCheck(op string, s ConvShape, x, y, w Buf) (X, Y, W []float32, ok bool) {
+	if !h.check(s.Valid(), "%s: invalid shape %v", op, s) {
+		return nil, nil, nil, false
+	}
+	nx, ny, nw := s.Elems()
+	X, Y, W = h.f(x), h.f(y), h.f(w)
+	return X, Y, W, X != nil && Y != nil && W != nil &&
+		h.check(len(X) == nx && len(Y) == ny && len(W) == nw, "%s: buffers of %d, %d, %d for %v", op, len(X), len(Y), len(W), s)
+}
+
+// Conv2D is the convolution's definition, summed directly in fp32 (an oracle for the
+// backends' unfolded and per-sample GEMMs, independent of both).
+func (h *Reference) Conv2D(y, x, w, bias, ws Buf, s ConvShape) {
+	X, Y, W, ok := h.convCheck("conv2d", s, x, y, w)
+	B := h.f(bias)
+	if !ok || B == nil || !h.check(len(B) == s.Out, "conv2d: %d biases for %d channels", len(B), s.Out) {
+		return
+	}
+	oh, ow := s.OH(), s.OW()
+	for n := 0; n < s.N; n++ {
+		for o := 0; o < s.Out; o++ {
+			for oy := 0; oy < oh; oy++ {
+				for ox := 0; ox < ow; ox++ {
+					var sum float32
+					for c := 0; c < s.C; c++ {
+						for ki := 0; ki < s.K; ki++ {
+							iy := oy + ki - s.Pad
+							if iy < 0 || iy >= s.H {
+								continue
+							}
+							for kj := 0; kj < s.K; kj++ {
+								ix := ox + kj - s.Pad
+								if ix < 0 || ix >= s.W {
+									continue
+								}
+								sum += X[((n*s.C+c)*s.H+iy)*s.W+ix] * W[((o*s.C+c)*s.K+ki)*s.K+kj]
+							}
+						}
+					}
+					Y[((n*s.Out+o)*oh+oy)*ow+ox] = round1(sum+B[o], y.T)
+				}
+			}
+		}
+	}
+}
+
+// Conv2DBackward sums the gradients directly from their definitions.
+func (h *Reference) Conv2DBackward(dx, dw, db, dy, x, w, ws Buf, s ConvShape, beta float32) {
+	X, DY, W, ok := h.convCheck("conv2d_backward", s, x, dy, w)
+	if !ok {
+		return
+	}
+	oh, ow := s.OH(), s.OW()
+	// each visits every (sample, output pixel, input channel, kernel tap) that reads the input.
+	each := func(f func(n, o, oy, ox, c, ki, kj, iy, ix int)) {
+		for n := 0; n < s.N; n++ {
+			for o := 0; o < s.Out; o++ {
+				for oy := 0; oy < oh; oy++ {
+					for ox := 0; ox < ow; ox++ {
+						for c := 0; c < s.C; c++ {
+							for ki := 0; ki < s.K; ki++ {
+								for kj := 0; kj < s.K; kj++ {
+									iy, ix := oy+ki-s.Pad, ox+kj-s.Pad
+									if iy >= 0 && iy < s.H && ix >= 0 && ix < s.W {
+										f(n, o, oy, ox, c, ki, kj, iy, ix)
+									}
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	g := func(n, o, oy, ox int) float32 { return DY[((n*s.Out+o)*oh+oy)*ow+ox] }
+	if dw.Valid() {
+		DW := h.f(dw)
+		if DW == nil || !h.check(len(DW) == len(W), "conv2d_backward: dw has %d elements, w %d", len(DW), len(W)) {
+			return
+		}
+		acc := make([]float32, len(W))
+		each(func(n, o, oy, ox, c, ki, kj, iy, ix int) {
+			acc[((o*s.C+c)*s.K+ki)*s.K+kj] += g(n, o, oy, ox) * X[((n*s.C+c)*s.H+iy)*s.W+ix]
+		})
+		for i, v := range acc {
+			if beta != 0 {
+				v += beta * DW[i]
+			}
+			DW[i] = round1(v, dw.T)
+		}
+	}
+	if db.Valid() {
+		DB := h.f(db)
+		if DB == nil || !h.check(len(DB) == s.Out, "conv2d_backward: %d bias gradients for %d channels", len(DB), s.Out) {
+			return
+		}
+		for o := 0; o < s.Out; o++ {
+			var sum float32
+			for n := 0; n < s.N; n++ {
+				for p := 0; p < oh*ow; p++ {
+					sum += DY[(n*s.Out+o)*oh*ow+p]
+				}
+			}
+			if beta != 0 {
+				sum += beta * DB[o]
+			}
+			DB[o] = round1(sum, db.T)
+		}
+	}
+	if dx.Valid() {
+		DX := h.f(dx)
+		if DX == nil || !h.check(len(DX) == len(X), "conv2d_backward: dx has %d elements, x %d", len(DX), len(X)) {
+			return
+		}
+		acc := make([]float32, len(X))
+		each(func(n, o, oy, ox, c, ki, kj, iy, ix int) {
+			acc[((n*s.C+c)*s.H+iy)*s.W+ix] += g(n, o, oy, ox) * W[((o*s.C+c)*s.K+ki)*s.K+kj]
+		})
+		for i, v := range acc {
+			DX[i] = round1(v, dx.T)
 		}
 	}
 }

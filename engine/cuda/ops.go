@@ -16,13 +16,47 @@ import (
 // swap places and keep their transpose flags. A and B must have one type; C that type or f32.
 // As in BLAS, C is not read when beta is 0.
 func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b engine.Buf, beta float32, c engine.Buf) {
+	lda, ldb := k, n
+	if transA {
+		lda = m
+	}
+	if transB {
+		ldb = k
+	}
+	if !d.need(a.N == m*k && b.N == k*n && c.N == m*n, "Gemm",
+		"a, b, c have %d, %d, %d elements; m, n, k = %d, %d, %d need %d, %d, %d", a.N, b.N, c.N, m, n, k, m*k, k*n, m*n) {
+		return
+	}
+	d.GemmLD(transA, transB, m, n, k, alpha, a, max(lda, 1), b, max(ldb, 1), beta, c, max(n, 1))
+}
+
+// stridedLen is the extent of a rows×cols row-major matrix whose rows are ld apart.
+func stridedLen(rows, cols, ld int) int {
+	if rows == 0 || cols == 0 {
+		return 0
+	}
+	return (rows-1)*ld + cols
+}
+
+// GemmLD is cublasGemmEx on row-major matrices with leading dimensions: the row-major product
+// C = op(A)·op(B) is the column-major product Cᵀ = op(B)ᵀ·op(A)ᵀ, so B goes first.
+func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engine.Buf, lda int, b engine.Buf, ldb int, beta float32, c engine.Buf, ldc int) {
 	const op = "Gemm"
 	ok := d.begin()
 	defer d.exit()
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
 	if !ok || !d.bufs(op, a, b, c) ||
-		!d.need(m >= 0 && n >= 0 && k >= 0 && max(m, n, k) <= math.MaxInt32, op, "invalid shape m, n, k = %d, %d, %d", m, n, k) ||
-		!d.need(a.N == m*k && b.N == k*n && c.N == m*n, op,
-			"a, b, c have %d, %d, %d elements; m, n, k = %d, %d, %d need %d, %d, %d", a.N, b.N, c.N, m, n, k, m*k, k*n, m*n) ||
+		!d.need(m >= 0 && n >= 0 && k >= 0 && max(m, n, k, lda, ldb, ldc) <= math.MaxInt32, op, "invalid shape m, n, k = %d, %d, %d", m, n, k) ||
+		!d.need(lda >= max(ac, 1) && ldb >= max(bc, 1) && ldc >= max(n, 1) &&
+			a.N >= stridedLen(ar, ac, lda) && b.N >= stridedLen(br, bc, ldb) && c.N >= stridedLen(m, n, ldc), op,
+			"a, b, c have %d, %d, %d elements; m, n, k = %d, %d, %d with leading dimensions %d, %d, %d", a.N, b.N, c.N, m, n, k, lda, ldb, ldc) ||
 		!d.need(a.T.Float() && b.T == a.T && (c.T == a.T || c.T == engine.F32), op,
 			"types %v·%v into %v: A and B need one floating-point type, C that type or f32", a.T, b.T, c.T) {
 		return
@@ -30,20 +64,34 @@ func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b engi
 	if m == 0 || n == 0 {
 		return
 	}
-	opA, lda := int32(cublasOpN), k
+	opA, opB := int32(cublasOpN), int32(cublasOpN)
 	if transA {
-		opA, lda = cublasOpT, m
+		opA = cublasOpT
 	}
-	opB, ldb := int32(cublasOpN), n
 	if transB {
-		opB, ldb = cublasOpT, k
+		opB = cublasOpT
 	}
 	s := d.blas.gemmEx(d.blas.handle, opB, opA, int32(n), int32(m), int32(k), unsafe.Pointer(&alpha),
-		uintptr(b.Addr()), cudaDataType(b.T), int32(max(ldb, 1)),
-		uintptr(a.Addr()), cudaDataType(a.T), int32(max(lda, 1)),
-		unsafe.Pointer(&beta), uintptr(c.Addr()), cudaDataType(c.T), int32(n),
+		uintptr(b.Addr()), cudaDataType(b.T), int32(ldb),
+		uintptr(a.Addr()), cudaDataType(a.T), int32(lda),
+		unsafe.Pointer(&beta), uintptr(c.Addr()), cudaDataType(c.T), int32(ldc),
 		cublasCompute32F, cublasGemmDefault)
 	d.fail(op, d.blas.status("cublasGemmEx", s))
+}
+
+// ConvWorkspace: the CUDA backend convolves the whole batch as one unfolding and GEMM.
+func (d *Device) ConvWorkspace(s engine.ConvShape, t engine.DType) (int, engine.DType) {
+	return engine.UnfoldWorkspace(s), t
+}
+
+// Conv2D runs the unfolded convolution on the device's kernels and cuBLAS.
+func (d *Device) Conv2D(y, x, w, bias, ws engine.Buf, s engine.ConvShape) {
+	engine.UnfoldConv2D(d, y, x, w, bias, ws, s)
+}
+
+// Conv2DBackward runs the unfolded convolution's backward pass.
+func (d *Device) Conv2DBackward(dx, dw, db, dy, x, w, ws engine.Buf, s engine.ConvShape, beta float32) {
+	engine.UnfoldConv2DBackward(d, dx, dw, db, dy, x, w, ws, s, beta)
 }
 
 // AddBias adds bias to every row of y (perRow false) or bias[r] to row r (perRow true).

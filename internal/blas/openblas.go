@@ -2,13 +2,6 @@
 
 package blas
 
-/*
-#cgo LDFLAGS: -lopenblas
-void openblas_set_num_threads(int);
-int openblas_get_num_threads(void);
-*/
-import "C"
-
 import (
 	"sync"
 
@@ -29,16 +22,6 @@ func Use() string {
 	})
 	return "openblas"
 }
-
-// SetThreads sets the number of threads OpenBLAS uses (n >= 1).
-func SetThreads(n int) {
-	if n >= 1 {
-		C.openblas_set_num_threads(C.int(n))
-	}
-}
-
-// Threads reports OpenBLAS's thread count.
-func Threads() int { return int(C.openblas_get_num_threads()) }
 
 // selected is the Level-3 implementation Use installs (for benchmarks).
 func selected() blas.Float32Level3 { return netlib.Implementation{} }

@@ -1,4 +1,4 @@
-//go:build !cgo || cuda
+//go:build !cgo
 
 package blas
 
@@ -7,8 +7,7 @@ import (
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// Use keeps gonum's pure-Go BLAS (no cgo in this build, or a -tags cuda build, which has no
-// gorgonia engine to hand OpenBLAS to) and returns its name.
+// Use keeps gonum's pure-Go BLAS (no cgo in this build) and returns its name.
 func Use() string { return "gonum (pure Go)" }
 
 // SetThreads is a no-op: gonum's BLAS sizes its own parallelism.
@@ -19,3 +18,9 @@ func Threads() int { return 0 }
 
 // selected is the Level-3 implementation in use (for benchmarks).
 func selected() blas.Float32Level3 { return gonum.Implementation{} }
+
+// CoreName is empty: there is no OpenBLAS in this build.
+func CoreName() string { return "" }
+
+// SelectCore does nothing without OpenBLAS.
+func SelectCore() string { return "" }

@@ -1,0 +1,16 @@
+// Package cpu is the engine's CPU backend, the one qvd trains with by default.
+//
+// Buffers live outside the Go heap (internal/arena blocks) or are views of the caller's
+// memory: on the CPU the host is the device, so the trainer's parameters and the ZeRO
+// engine's gradient buckets are computed into in place, with no copies. GEMMs are OpenBLAS's
+// sgemm with one thread per call, run in parallel over blocks of the product by the pool of
+// goroutines the optimizer also uses (offload.Pool): one set of threads owns the cores, and
+// OpenBLAS's own threads never compete with Go's. Convolutions run one sample at a time, each
+// unfolded in cache and multiplied straight into its NCHW output (conv.go). The element-wise
+// kernels are C compiled for AVX-512, AVX2 and baseline x86-64 (kernels.c, picked at load
+// time). fp16 and bf16 buffers hold 2-byte words; operations compute in fp32 and round once
+// when they store, as the CUDA backend does (half.go).
+//
+// Results do not depend on the number of threads: every pass cuts its work by the shape
+// alone, and partial sums are added in a fixed order.
+package cpu

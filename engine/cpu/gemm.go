@@ -1,0 +1,168 @@
+package cpu
+
+/*
+#include "kernels.h"
+*/
+import "C"
+
+import (
+	"github.com/qvd/qvd/engine"
+)
+
+// GEMMs are OpenBLAS's sgemm, one thread per call, parallel across the pool: C is cut into
+// blocks of columns (or of rows, when it has few columns), and each block is one sgemm call
+// on the matching block of A or B. How C is cut depends only on the shape, never on the number
+// of threads, and a block's elements are computed exactly as in the whole product (OpenBLAS
+// blocks only the k dimension, the same way whatever the block's width), so the result does not
+// depend on the thread count.
+
+const (
+	// gemmMinFlops is the least work a block gets: below ~1 MFLOP the call and the hand-off
+	// cost more than they save.
+	gemmMinFlops = 1 << 20
+	// gemmMaxBlocks caps the blocks of one product: enough to balance 2–16 threads.
+	gemmMaxBlocks = 16
+	// gemmAlign keeps block edges on whole 64-byte lines (16 floats) of C.
+	gemmAlign = 16
+)
+
+type gemmPass struct {
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    float32
+	a, b, c        []float32
+	lda, ldb, ldc  int
+	byRows         bool // blocks of rows of C (else of columns)
+	block          int  // rows or columns per block
+	extent         int  // m or n
+}
+
+// plan cuts the product into blocks by its shape alone.
+func (g *gemmPass) plan() int {
+	flops := 2 * g.m * g.n * g.k
+	blocks := min(gemmMaxBlocks, max(1, flops/gemmMinFlops))
+	g.byRows = g.n < 2*gemmAlign && g.m > g.n
+	g.extent = g.n
+	if g.byRows {
+		g.extent = g.m
+	}
+	g.block = (g.extent + blocks - 1) / blocks
+	if !g.byRows || g.block > gemmAlign {
+		g.block = (g.block + gemmAlign - 1) / gemmAlign * gemmAlign
+	}
+	g.block = max(g.block, 1)
+	return (g.extent + g.block - 1) / g.block
+}
+
+// Range runs blocks [lo, hi).
+func (g *gemmPass) Range(lo, hi int) {
+	for i := lo; i < hi; i++ {
+		s, e := i*g.block, min((i+1)*g.block, g.extent)
+		if s >= e {
+			continue
+		}
+		a, b, c := g.a, g.b, g.c
+		m, n := g.m, g.n
+		if g.byRows {
+			// Rows [s, e) of C and of op(A).
+			m = e - s
+			if g.transA {
+				a = a[s:] // A is k×m: columns s..e
+			} else {
+				a = a[s*g.lda:]
+			}
+			c = c[s*g.ldc:]
+		} else {
+			// Columns [s, e) of C and of op(B).
+			n = e - s
+			if g.transB {
+				b = b[s*g.ldb:] // B is n×k: rows s..e
+			} else {
+				b = b[s:]
+			}
+			c = c[s:]
+		}
+		C.qvd_sgemm(cbool(g.transA), cbool(g.transB), C.long(m), C.long(n), C.long(g.k), C.float(g.alpha),
+			fptr(a), C.long(g.lda), fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc))
+	}
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// stridedLen is the extent of a rows×cols row-major matrix whose rows are ld apart.
+func stridedLen(rows, cols, ld int) int {
+	if rows == 0 || cols == 0 {
+		return 0
+	}
+	return (rows-1)*ld + cols
+}
+
+func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b engine.Buf, beta float32, c engine.Buf) {
+	lda, ldb := k, n
+	if transA {
+		lda = m
+	}
+	if transB {
+		ldb = k
+	}
+	if !d.check(a.N == m*k && b.N == k*n && c.N == m*n, "gemm %dx%dx%d on buffers of %d, %d, %d", m, n, k, a.N, b.N, c.N) {
+		return
+	}
+	d.GemmLD(transA, transB, m, n, k, alpha, a, max(lda, 1), b, max(ldb, 1), beta, c, max(n, 1))
+}
+
+func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engine.Buf, lda int, b engine.Buf, ldb int, beta float32, c engine.Buf, ldc int) {
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	if !d.check(m >= 0 && n >= 0 && k >= 0 && lda >= max(ac, 1) && ldb >= max(bc, 1) && ldc >= max(n, 1) &&
+		a.N >= stridedLen(ar, ac, lda) && b.N >= stridedLen(br, bc, ldb) && c.N >= stridedLen(m, n, ldc),
+		"gemm %dx%dx%d (ld %d, %d, %d) on buffers of %d, %d, %d", m, n, k, lda, ldb, ldc, a.N, b.N, c.N) ||
+		!d.check(a.T.Float() && b.T.Float() && c.T.Float(), "gemm of %v·%v into %v", a.T, b.T, c.T) {
+		return
+	}
+	if m == 0 || n == 0 {
+		return
+	}
+	A, B := d.floats(a, 0), d.floats(b, 1)
+	C := d.target(c, 2, beta != 0)
+	if A == nil || B == nil || C == nil {
+		return
+	}
+	g := &d.gemm
+	*g = gemmPass{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha, beta: beta,
+		a: A, b: B, c: C, lda: lda, ldb: ldb, ldc: ldc}
+	if k == 0 {
+		// sgemm with k 0 is C = beta·C; do it here, where beta 0 must not read C.
+		for i := 0; i < m; i++ {
+			row := C[i*ldc : i*ldc+n]
+			for j := range row {
+				if beta == 0 {
+					row[j] = 0
+				} else {
+					row[j] *= beta
+				}
+			}
+		}
+	} else {
+		d.pool.Run(g.plan(), 1, g)
+	}
+	if c.T != engine.F32 {
+		// Round the rows of C the product wrote (not the gaps between them).
+		for i := 0; i < m; i++ {
+			roundTo(C[i*ldc:i*ldc+n], c.T)
+		}
+		d.commit(c, C)
+	}
+	g.a, g.b, g.c = nil, nil, nil
+}

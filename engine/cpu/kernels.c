@@ -1,0 +1,205 @@
+#include "kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+// The hot loops are compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks the
+// best the CPU has (GCC function multi-versioning); elsewhere they are plain C.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MULTI __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MULTI
+#endif
+
+void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, const float *a, long lda,
+               const float *b, long ldb, float beta, float *c, long ldc) {
+	cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+	            (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long w, long k, long pad) {
+	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+	for (long ch = 0; ch < c; ch++) {
+		const float *plane = x + ch * h * w;
+		for (long ki = 0; ki < k; ki++) {
+			for (long kj = 0; kj < k; kj++) {
+				float *row = cols + ((ch * k + ki) * k + kj) * ld;
+				// Output columns [x0, x1) read inside the image; the rest is padding.
+				const long x0 = pad - kj > 0 ? pad - kj : 0;
+				long x1 = w + pad - kj;
+				if (x1 > ow) x1 = ow;
+				for (long oy = 0; oy < oh; oy++) {
+					const long iy = oy + ki - pad;
+					float *r = row + oy * ow;
+					if (iy < 0 || iy >= h || x1 <= x0) {
+						memset(r, 0, (size_t)ow * sizeof(float));
+						continue;
+					}
+					for (long ox = 0; ox < x0; ox++) r[ox] = 0;
+					memcpy(r + x0, plane + iy * w + x0 + kj - pad, (size_t)(x1 - x0) * sizeof(float));
+					for (long ox = x1; ox < ow; ox++) r[ox] = 0;
+				}
+			}
+		}
+	}
+}
+
+MULTI void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, long w, long k, long pad) {
+	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+	memset(dx, 0, (size_t)(c * h * w) * sizeof(float));
+	for (long ch = 0; ch < c; ch++) {
+		float *plane = dx + ch * h * w;
+		for (long ki = 0; ki < k; ki++) {
+			for (long kj = 0; kj < k; kj++) {
+				const float *row = cols + ((ch * k + ki) * k + kj) * ld;
+				const long x0 = pad - kj > 0 ? pad - kj : 0;
+				long x1 = w + pad - kj;
+				if (x1 > ow) x1 = ow;
+				for (long oy = 0; oy < oh; oy++) {
+					const long iy = oy + ki - pad;
+					if (iy < 0 || iy >= h || x1 <= x0) continue;
+					float *d = plane + iy * w;
+					const float *r = row + oy * ow;
+					for (long ox = x0; ox < x1; ox++) d[ox + kj - pad] += r[ox];
+				}
+			}
+		}
+	}
+}
+
+void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, long n, long c,
+                  long h, long w, long out, long k, long pad, float *cols) {
+	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1, ohw = oh * ow, ckk = c * k * k;
+	for (long s = 0; s < n; s++) {
+		float *ys = y + s * out * ohw;
+		qvd_im2col(cols, ohw, x + s * c * h * w, c, h, w, k, pad);
+		// The bias first, then the product added onto it (beta 1): one pass over y less.
+		for (long o = 0; o < out; o++) {
+			float *r = ys + o * ohw;
+			const float b = bias[o];
+			for (long p = 0; p < ohw; p++) r[p] = b;
+		}
+		qvd_sgemm(0, 0, out, ohw, ckk, 1, wt, ckk, cols, ohw, 1, ys, ohw);
+	}
+}
+
+void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *wt,
+                  long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols) {
+	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1, ohw = oh * ow, ckk = c * k * k;
+	for (long s = 0; s < n; s++) {
+		const float *dys = dy + s * out * ohw;
+		if (dw) {
+			qvd_im2col(cols, ohw, x + s * c * h * w, c, h, w, k, pad);
+			qvd_sgemm(0, 1, out, ckk, ohw, 1, dys, ohw, cols, ohw, 1, dw, ckk);
+		}
+		if (db) qvd_sum_rows(db, dys, out, ohw, 1);
+		if (dx) {
+			qvd_sgemm(1, 0, ckk, ohw, out, 1, wt, ckk, dys, ohw, 0, dcols, ohw);
+			qvd_col2im(dx + s * c * h * w, dcols, ohw, c, h, w, k, pad);
+		}
+	}
+}
+
+MULTI void qvd_relu(float *y, const float *x, long n) {
+	for (long i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+}
+
+MULTI void qvd_relu_grad(float *dx, const float *dy, const float *y, long n) {
+	for (long i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+}
+
+MULTI void qvd_add_bias(float *y, const float *b, long rows, long cols, int perRow) {
+	for (long r = 0; r < rows; r++) {
+		float *yr = y + r * cols;
+		if (perRow) {
+			const float v = b[r];
+			for (long c = 0; c < cols; c++) yr[c] += v;
+		} else {
+			for (long c = 0; c < cols; c++) yr[c] += b[c];
+		}
+	}
+}
+
+MULTI void qvd_sum_rows(float *acc, const float *x, long rows, long cols, int perRow) {
+	for (long r = 0; r < rows; r++) {
+		const float *xr = x + r * cols;
+		if (perRow) {
+			// Eight partial sums in a fixed order: vectorisable, and the same bits on every
+			// machine that runs this code.
+			float p[8] = {0};
+			long c = 0;
+			for (; c + 8 <= cols; c += 8)
+				for (int l = 0; l < 8; l++) p[l] += xr[c + l];
+			float s = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+			for (; c < cols; c++) s += xr[c];
+			acc[r] += s;
+		} else {
+			for (long c = 0; c < cols; c++) acc[c] += xr[c];
+		}
+	}
+}
+
+void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base) {
+	const long oh = h / 2, ow = w / 2;
+	for (long p = 0; p < planes; p++) {
+		const float *xp = x + p * h * w;
+		for (long oy = 0; oy < oh; oy++) {
+			const float *r0 = xp + 2 * oy * w, *r1 = r0 + w;
+			float *yo = y + (p * oh + oy) * ow;
+			int32_t *io = idx + (p * oh + oy) * ow;
+			const long at = base + p * h * w + 2 * oy * w;
+			for (long ox = 0; ox < ow; ox++) {
+				long j = 2 * ox;
+				float m = r0[j];
+				long best = at + j;
+				if (r0[j + 1] > m) m = r0[j + 1], best = at + j + 1;
+				if (r1[j] > m) m = r1[j], best = at + w + j;
+				if (r1[j + 1] > m) m = r1[j + 1], best = at + w + j + 1;
+				yo[ox] = m;
+				io[ox] = (int32_t)best;
+			}
+		}
+	}
+}
+
+void qvd_maxpool2_grad(float *dx, const float *dy, const int32_t *idx, long n, long base) {
+	for (long i = 0; i < n; i++) dx[idx[i] - base] = dy[i];
+}
+
+long qvd_softmax_xent(float *d, float *loss, const float *z, const int32_t *labels, long rows,
+                      long classes, float scale) {
+	for (long r = 0; r < rows; r++) {
+		const float *zr = z + r * classes;
+		float *dr = d + r * classes;
+		const long y = labels[r];
+		if (y < 0 || y >= classes) return r;
+		float m = zr[0];
+		for (long c = 1; c < classes; c++) m = zr[c] > m ? zr[c] : m;
+		double sum = 0;
+		for (long c = 0; c < classes; c++) sum += exp((double)(zr[c] - m));
+		const float lse = m + (float)log(sum);
+		loss[r] = lse - zr[y];
+		for (long c = 0; c < classes; c++) {
+			float p = (float)exp((double)(zr[c] - lse));
+			if (c == y) p -= 1;
+			dr[c] = p * scale;
+		}
+	}
+	return -1;
+}
+
+void qvd_transpose01(float *dst, const float *src, long a, long b, long r) {
+	for (long i = 0; i < a; i++)
+		for (long j = 0; j < b; j++) memcpy(dst + (j * a + i) * r, src + (i * b + j) * r, (size_t)r * sizeof(float));
+}
+
+MULTI int qvd_unscale_check(float *g, long n, float s) {
+	int bad = 0;
+	for (long i = 0; i < n; i++) {
+		const float v = g[i];
+		bad |= (v - v) != 0; // Inf − Inf and NaN − NaN are NaN; finite − itself is 0
+		g[i] = v * s;
+	}
+	return bad;
+}

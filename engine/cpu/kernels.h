@@ -1,0 +1,58 @@
+// Kernels of qvd's CPU backend (engine/cpu): fp32, row-major, one call per piece of a
+// parallel pass. Go owns the threads (offload.Pool); every function here runs on the calling
+// thread only, and OpenBLAS is set to one thread, so the cores are never oversubscribed.
+#ifndef QVD_CPU_KERNELS_H
+#define QVD_CPU_KERNELS_H
+
+#include <stdint.h>
+
+// cblas_sgemm on row-major matrices with explicit leading dimensions.
+void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, const float *a, long lda,
+               const float *b, long ldb, float beta, float *c, long ldc);
+
+// One sample of a stride-1 convolution's unfolding (Caffe's im2col): cols is (c·k·k) rows of
+// oh·ow output pixels, row (ch, ki, kj) starting ld elements after the one before; zero where
+// the window hangs over the padding.
+void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long w, long k, long pad);
+// Its adjoint for one sample: dx (c×h×w) = the sum of the column entries that read each
+// input element (dx is overwritten).
+void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, long w, long k, long pad);
+
+// Samples [0, n) of a convolution: y (n×out×oh×ow) = w (out × c·k·k) · im2col(x) + bias.
+// cols is scratch of c·k·k·oh·ow floats.
+void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, long n, long c,
+                  long h, long w, long out, long k, long pad, float *cols);
+// The backward pass of samples [0, n): dw += Σ dy_s · cols_sᵀ and db += Σ dy_s (either may be
+// NULL), dx_s = col2im(wᵀ · dy_s) (dx may be NULL). cols and dcols are scratch of c·k·k·oh·ow.
+void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *wt,
+                  long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols);
+
+// y[i] = max(x[i], 0); dx[i] = y[i] > 0 ? dy[i] : 0.
+void qvd_relu(float *y, const float *x, long n);
+void qvd_relu_grad(float *dx, const float *dy, const float *y, long n);
+
+// y[r, c] += b[c] (perRow 0) or b[r] (perRow 1), rows × cols.
+void qvd_add_bias(float *y, const float *b, long rows, long cols, int perRow);
+// acc[c] += Σ_r x[r, c] (perRow 0), or acc[r] += Σ_c x[r, c] (perRow 1).
+void qvd_sum_rows(float *acc, const float *x, long rows, long cols, int perRow);
+
+// 2×2 stride-2 max-pool of planes [0, planes) of x (planes × h × w) into y; idx[i] is the
+// flat index of the maximum in the whole buffer, counted from base. The first maximum in
+// row-major order wins (strictly greater).
+void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base);
+// dx[idx[i] - base] = dy[i] for i in [0, n) (dx is zeroed by the caller).
+void qvd_maxpool2_grad(float *dx, const float *dy, const int32_t *idx, long n, long base);
+
+// Rows [0, rows) of softmax cross-entropy: loss[r] = logsumexp(z_r) − z_r[y_r] and
+// d[r] = (softmax(z_r) − onehot(y_r))·scale (d may alias z). Returns the first row whose
+// label is out of range, or -1.
+long qvd_softmax_xent(float *d, float *loss, const float *z, const int32_t *labels, long rows,
+                      long classes, float scale);
+
+// dst[j, i, :] = src[i, j, :] for an a×b×r array.
+void qvd_transpose01(float *dst, const float *src, long a, long b, long r);
+
+// g[i] *= s; returns 1 if any g[i] was Inf or NaN before scaling.
+int qvd_unscale_check(float *g, long n, float s);
+
+#endif
