@@ -67,13 +67,13 @@ func (d *Device) ConvWorkspace(s engine.ConvShape, t engine.DType) (int, engine.
 }
 
 type convPass struct {
-	s                engine.ConvShape
-	backward         bool
-	x, w, bias, y    []float32 // forward: y = conv(x); backward: y is dy
-	dx, dw, db       []float32 // backward outputs (nil where not wanted)
-	ws               []float32
-	l                convLayout
-	free             chan int // thread slots for the unfolding scratch
+	s             engine.ConvShape
+	backward      bool
+	x, w, bias, y []float32 // forward: y = conv(x); backward: y is dy
+	dx, dw, db    []float32 // backward outputs (nil where not wanted)
+	ws            []float32
+	l             convLayout
+	free          chan int // thread slots for the unfolding scratch
 }
 
 func (p *convPass) Range(lo, hi int) {

@@ -114,14 +114,14 @@ func (d *Device) Copy(dst, src engine.Buf) {
 
 // unaryPass is the element-wise passes over rows or elements.
 type unaryPass struct {
-	op        int
-	y, x, g   []float32
-	b         []float32
-	cols      int
-	perRow    bool
-	s         float32
-	bad       [gemmMaxBlocks * 4]int32 // UnscaleCheck: one flag per piece start
-	grain     int
+	op      int
+	y, x, g []float32
+	b       []float32
+	cols    int
+	perRow  bool
+	s       float32
+	bad     [gemmMaxBlocks * 4]int32 // UnscaleCheck: one flag per piece start
+	grain   int
 }
 
 const (
