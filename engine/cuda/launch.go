@@ -104,8 +104,8 @@ func (d *Device) launch(what string, f cu.Function, gx, bx, by int, args ...uint
 }
 
 func ptr(b engine.Buf) uint64 { return b.Addr() }
-func i64(n int) uint64     { return uint64(int64(n)) }
-func f32(x float32) uint64 { return uint64(math.Float32bits(x)) }
+func i64(n int) uint64        { return uint64(int64(n)) }
+func f32(x float32) uint64    { return uint64(math.Float32bits(x)) }
 
 func flag(b bool) uint64 {
 	if b {
