@@ -47,10 +47,20 @@ type Config struct {
 	// Memory is the memory monitor (log_every, min_available), the Go runtime's soft limit
 	// and the reaction to host memory pressure.
 	Memory memory.Config `yaml:"memory" json:"memory"`
-	// Device selects the engine: cpu (gorgonia), cuda (the GPU engine; a qvd built with
-	// -tags cuda) or reference (the GPU engine over its plain-Go reference device).
+	// Device selects where the engine runs: cpu (the default), cuda (a qvd built with -tags
+	// cuda) or reference (the engine's plain-Go reference device, for checking).
 	Device engine.Config `yaml:"device" json:"device"`
+	// Engine is native (qvd's layer engine, on every device; the default) or gorgonia (the
+	// model compiled into gorgonia graphs: the independent oracle the native engine is tested
+	// against, CPU only).
+	Engine string `yaml:"engine" json:"engine"`
 }
+
+// Engines.
+const (
+	EngineNative   = "native"
+	EngineGorgonia = "gorgonia"
+)
 
 // RunConfig names the run and says where its outputs go.
 type RunConfig struct {
@@ -77,6 +87,7 @@ func Default() Config {
 		Zero:       zero.DefaultConfig(),
 		Memory:     memory.DefaultConfig(),
 		Device:     engine.DefaultConfig(),
+		Engine:     EngineNative,
 	}
 }
 
@@ -104,9 +115,6 @@ func (c *Config) Validate() error {
 	add("checkpoint", c.Checkpoint.Validate())
 	add("zero_optimization", c.Zero.Validate())
 	add("freeze", c.Freeze.Validate())
-	if c.Freeze.Enabled() && c.Model.ActivationCheckpointing.Segments > 1 {
-		add("freeze", errors.New("layer freezing with model.activation_checkpointing is not supported yet: use one or the other"))
-	}
 	cc := c.Cluster
 	if cc.NodeName == "" {
 		cc.NodeName = "placeholder" // generated per process at start
@@ -122,6 +130,18 @@ func (c *Config) Validate() error {
 	add("tls", c.TLS.Validate())
 	add("memory", c.Memory.Validate())
 	add("device", c.Device.Validate())
+	switch c.Engine {
+	case EngineNative:
+	case EngineGorgonia:
+		if c.Device.Type != "cpu" {
+			errs = append(errs, fmt.Errorf("engine: gorgonia runs on device.type cpu only, got device.type %q", c.Device.Type))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("engine: must be %s or %s, got %q", EngineNative, EngineGorgonia, c.Engine))
+	}
+	if c.Engine == EngineGorgonia && c.Freeze.Enabled() && c.Model.ActivationCheckpointing.Segments > 1 {
+		add("freeze", errors.New("layer freezing with model.activation_checkpointing is not supported by engine gorgonia: use the native engine, or one or the other"))
+	}
 	if c.Collective.Transport == "nccl" && c.Device.Type != "cuda" {
 		add("collective", fmt.Errorf("transport: nccl needs device.type: cuda, got %q", c.Device.Type))
 	}

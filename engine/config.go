@@ -9,9 +9,9 @@ import (
 
 // Config selects the engine a worker trains with. YAML `device:`.
 type Config struct {
-	// Type is "cpu" (the gorgonia engine; the default), "cuda" (the GPU engine on an NVIDIA
-	// GPU: a qvd built with -tags cuda) or "reference" (the GPU engine over the plain-Go
-	// reference device: slow, for checking the engine where there is no GPU).
+	// Type is "cpu" (the CPU backend, engine/cpu; the default), "cuda" (an NVIDIA GPU: a qvd
+	// built with -tags cuda) or "reference" (the plain-Go reference device: slow, for
+	// checking the engine).
 	Type string `yaml:"type" json:"type"`
 	// Ordinal is the GPU to use; -1 (the default) picks local rank modulo the GPU count, as
 	// torchrun's LOCAL_RANK convention does.
@@ -34,7 +34,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// GPU reports whether the config selects the GPU engine.
+// GPU reports whether the config selects a device apart from the host's memory (engine.Open
+// opens it; the CPU backend is built by its package).
 func (c Config) GPU() bool { return c.Type == "cuda" || c.Type == "reference" }
 
 // Opener opens a backend's device number ordinal (already resolved from the local rank).

@@ -25,11 +25,19 @@ type DeviceReducer interface {
 	AllReduceBuf(ctx context.Context, b Buf, op collective.Op) error
 }
 
+// DeviceStep reports whether the step can run on the device apart from the host (a GPU):
+// on a host-memory device (the CPU backend) the ZeRO engine's buffers are the device's, so
+// the trainer's host step is the device step.
+func (n *Net) DeviceStep() bool { return n.hostm == nil }
+
 // EnableDeviceOptimizer puts an fp32 master copy of the trainable weights and AdamW's moments
 // on the device; PushState then loads the trainer's state into them.
 func (n *Net) EnableDeviceOptimizer(cfg offload.Config) error {
 	if n.adam != nil {
-		return errors.New("gpu: the device optimizer is already enabled")
+		return errors.New("engine: the device optimizer is already enabled")
+	}
+	if n.hostm != nil {
+		return errors.New("engine: a host-memory device steps on the host engine's buffers")
 	}
 	a, err := NewAdam(n.alloc, cfg, n.host[n.layout.Frozen:])
 	if err != nil {

@@ -22,30 +22,41 @@ type Options struct {
 	Segments int
 }
 
-// Net runs a model.Spec on a Device: the same model definition the CPU engine compiles into
-// gorgonia graphs, executed layer by layer as GEMMs and kernels on device buffers. Weights
-// live in one flat device buffer with the CPU layout (tensors are views by offset), in the
-// working precision; the gradient of a micro-batch is computed into one flat device buffer in
-// the same precision and copied to the host, where the trainer's ZeRO engine reduces it and
-// steps the fp32 master weights (CPU Adam: ZeRO-Offload's split), after which SyncParams
-// copies the updated working weights back. Activations are allocated per call from the
-// caching Allocator, so an out-of-memory micro-batch fails cleanly (memory.ErrOutOfMemory)
-// and the next one reuses the cached blocks.
+// Net runs a model.Spec on a Device, layer by layer as GEMMs and kernels on device buffers.
+// Weights live in one flat device buffer with the model's layout (tensors are views by
+// offset), in the working precision. Activations are allocated per call from the caching
+// Allocator, so an out-of-memory micro-batch fails cleanly (memory.ErrOutOfMemory) before the
+// first gradient is written, and the next one reuses the cached blocks.
+//
+// The gradient goes to a model.GradSink (the trainer's ZeRO engine) piece by piece:
+//
+//   - On a device whose memory is the host's (the CPU backend, a HostMemory), each piece is
+//     computed straight into the sink's memory as the backward pass reaches it — a Linear
+//     weight's gradient a block of rows at a time, cut where the sink's buckets are — so the
+//     sink reduces a bucket while the pass goes on below, and in fp32 the weights the trainer
+//     updates are the ones the device computes with: there are no copies at all.
+//   - On a GPU the pass computes the gradient into one flat device buffer; each tensor's part
+//     starts for the host on the copy stream as soon as its kernels are queued, and the pieces
+//     go to the sink after the pass. Without offload at stage 0 the trainer can keep the
+//     gradient and the optimizer on the device instead (devstep.go).
 //
 // Net implements the trainer's Model interface.
 type Net struct {
 	dev    Device
+	hostm  HostMemory // dev's host-memory view, nil for a GPU
 	alloc  *Allocator
 	spec   *model.Spec
 	layout *model.Layout
+	extent []model.Extent // the trainable tensors (Layout.Extents), by tensor index
 	dt     DType
 	micro  int
 	evalBS int
 
 	host   []float32 // Params(): the working weights the trainer writes (fp32 values, rounded)
-	params Buf       // the device copy, in dt
-	grads  Buf       // the trainable suffix's gradient, in dt
-	gbuf   []float32 // host staging for grads
+	params Buf       // the device copy, in dt (a view of host on a HostMemory device in fp32)
+	viewed bool      // params is a view of host
+	grads  Buf       // GPU: the trainable suffix's gradient, in dt
+	gbuf   []float32 // GPU: host staging for grads
 	// needDx[i]: the backward pass must compute layer i's input gradient (some trainable
 	// parameter lies below it).
 	needDx []bool
@@ -55,31 +66,50 @@ type Net struct {
 	// onGrad, if set, is called once a trainable tensor's gradient (its view and its offset in
 	// the trainable part) has been queued by the backward pass.
 	onGrad func(g Buf, off int)
+	sink   model.GradSink // the host-memory pass's destination (ForwardBackward), nil otherwise
+	wrote  bool           // a piece went to sink in this pass
+}
+
+// HostMemory is a Device whose memory is the host's (the CPU backend): View makes a slice of
+// host memory a device buffer without a copy, Unview ends it.
+type HostMemory interface {
+	View(x []float32) Buf
+	Unview(b Buf)
 }
 
 // NewNet places spec's parameters (params, len layout.Size, which the caller owns and
 // updates between calls) on the allocator's device.
 func NewNet(alloc *Allocator, spec *model.Spec, layout *model.Layout, params []float32, opt Options) (*Net, error) {
 	if len(params) != layout.Size {
-		return nil, fmt.Errorf("gpu: params has %d elements, layout needs %d", len(params), layout.Size)
+		return nil, fmt.Errorf("engine: params has %d elements, layout needs %d", len(params), layout.Size)
 	}
 	if opt.MicroBatch < 1 || opt.EvalBatch < 1 {
-		return nil, fmt.Errorf("gpu: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
+		return nil, fmt.Errorf("engine: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
 	}
 	if layout.Trainable() == 0 {
-		return nil, errors.New("gpu: every parameter is frozen: nothing to train")
+		return nil, errors.New("engine: every parameter is frozen: nothing to train")
 	}
 	n := &Net{dev: alloc.Device(), alloc: alloc, spec: spec, layout: layout, dt: FromFormat(opt.Precision),
-		micro: opt.MicroBatch, evalBS: opt.EvalBatch, host: params, gbuf: make([]float32, layout.Trainable())}
+		micro: opt.MicroBatch, evalBS: opt.EvalBatch, host: params}
+	n.hostm, _ = n.dev.(HostMemory)
 	for _, l := range spec.Layers {
 		if l.Kind == model.Conv2D && l.Kernel > l.InShape[1]+2*l.Pad {
-			return nil, fmt.Errorf("gpu: layer %s: kernel %d larger than its padded input", l.Name, l.Kernel)
+			return nil, fmt.Errorf("engine: layer %s: kernel %d larger than its padded input", l.Name, l.Kernel)
+		}
+	}
+	n.extent = make([]model.Extent, len(layout.Tensors))
+	ei := 0
+	exts := layout.Extents()
+	for i, t := range layout.Tensors {
+		if !t.Frozen {
+			n.extent[i] = exts[ei]
+			ei++
 		}
 	}
 	if opt.Segments > 1 {
 		segs, err := model.Segments(spec, opt.Segments)
 		if err != nil {
-			return nil, fmt.Errorf("gpu: %w", err)
+			return nil, fmt.Errorf("engine: %w", err)
 		}
 		n.segs = segs
 	}
@@ -91,15 +121,23 @@ func NewNet(alloc *Allocator, spec *model.Spec, layout *model.Layout, params []f
 			below = true
 		}
 	}
-	var err error
-	if n.params, err = alloc.Alloc(layout.Size, n.dt); err != nil {
-		return nil, fmt.Errorf("gpu: placing the parameters: %w", err)
+	if n.hostm != nil && n.dt == F32 {
+		n.params, n.viewed = n.hostm.View(params), true
+	} else {
+		var err error
+		if n.params, err = alloc.Alloc(layout.Size, n.dt); err != nil {
+			return nil, fmt.Errorf("engine: placing the parameters: %w", err)
+		}
 	}
-	if n.grads, err = alloc.Alloc(layout.Trainable(), n.dt); err != nil {
-		alloc.Free(n.params)
-		return nil, fmt.Errorf("gpu: placing the gradient buffer: %w", err)
+	if n.hostm == nil {
+		var err error
+		if n.grads, err = alloc.Alloc(layout.Trainable(), n.dt); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("engine: placing the gradient buffer: %w", err)
+		}
+		n.dev.Fill(n.grads, 0) // alignment padding stays zero: no kernel writes it
+		n.gbuf = make([]float32, layout.Trainable())
 	}
-	n.dev.Fill(n.grads, 0) // alignment padding stays zero: no kernel writes it
 	if err := n.SyncParams(); err != nil {
 		n.Close()
 		return nil, err
@@ -130,8 +168,8 @@ func (n *Net) Allocator() *Allocator { return n.alloc }
 // precision). The trainer calls it after every write to Params. With the device optimizer the
 // device's weights are the ones that are current and it does nothing (PushState loads them).
 func (n *Net) SyncParams() error {
-	if n.adam != nil {
-		return nil
+	if n.adam != nil || n.viewed {
+		return nil // the device's weights are the current ones (or are the host's)
 	}
 	n.syncs++
 	if a, ok := n.dev.(AsyncUploader); ok {
@@ -179,53 +217,115 @@ func (n *Net) Close() error {
 		n.adam.Close()
 		n.adam = nil
 	}
-	n.alloc.Free(n.params)
+	if n.viewed {
+		n.hostm.Unview(n.params)
+	} else {
+		n.alloc.Free(n.params)
+	}
 	n.alloc.Free(n.grads)
-	n.params, n.grads = Buf{}, Buf{}
+	n.params, n.grads, n.viewed = Buf{}, Buf{}, false
 	return nil
 }
 
 // ErrBatch reports a batch that does not fit the net.
 var ErrBatch = model.ErrBatch
 
-// ForwardBackward runs one micro-batch and adds the gradient of loss×scale into grads
-// (len Layout().Trainable()), rounding the micro-batch gradient and the sum to the working
-// precision as the CPU engine does. It returns the unscaled mean cross-entropy.
-func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
-	if len(grads) != n.layout.Trainable() {
-		panic(fmt.Sprintf("gpu: grads has %d elements, the layout's trainable part %d", len(grads), n.layout.Trainable()))
+// ForwardBackward runs one micro-batch and hands the gradient of loss×scale, in the working
+// precision, to sink piece by piece (see Net). It returns the unscaled mean cross-entropy.
+func (n *Net) ForwardBackward(b *data.Batch, scale float32, sink model.GradSink) (float32, error) {
+	if n.hostm != nil {
+		n.sink, n.wrote = sink, false
+		defer func() { n.sink = nil }()
+		return n.run(b, scale, 0)
 	}
 	loss, err := n.step(b, scale)
 	if err != nil {
 		return 0, err
 	}
+	// The pass left the gradient in gbuf: hand it over from the top, as a backward pass would.
 	f := n.dt.Format()
-	if f == half.FP32 {
-		vec.Add(grads, n.gbuf)
-		return loss, nil
-	}
-	vec.Add(grads, n.gbuf)
-	vec.Round(grads, f)
-	return loss, nil
-}
-
-// ForwardBackwardStream runs one micro-batch and hands each trainable tensor's gradient of
-// loss×scale, in working precision, to emit in increasing flat-offset order.
-func (n *Net) ForwardBackwardStream(b *data.Batch, scale float32, emit func(off int, g []float32) error) (float32, error) {
-	loss, err := n.step(b, scale)
-	if err != nil {
-		return 0, err
-	}
-	for _, t := range n.layout.Tensors {
-		if t.Frozen {
+	for i := len(n.layout.Tensors) - 1; i >= 0; i-- {
+		if n.layout.Tensors[i].Frozen {
 			continue
 		}
-		off := t.Offset - n.layout.Frozen
-		if err := emit(off, n.gbuf[off:off+t.Size]); err != nil {
+		err := n.extent[i].Pieces(sink.Cuts(), func(lo, hi int) error {
+			dst, acc, err := sink.Acquire(lo, hi)
+			if err != nil {
+				return err
+			}
+			if acc {
+				vec.Add(dst, n.gbuf[lo:hi])
+				if f != half.FP32 {
+					vec.Round(dst, f)
+				}
+			} else {
+				copy(dst, n.gbuf[lo:hi])
+			}
+			return sink.Release(lo, hi)
+		})
+		if err != nil {
 			return 0, err
 		}
 	}
 	return loss, nil
+}
+
+// grad produces the gradient of trainable tensor ti: compute(g, beta, lo, hi) writes elements
+// [lo, hi) of the tensor's gradient (offsets within the tensor; whole rows) into g as
+// beta × g + the pass's gradient. On a host-memory device with a sink, each piece the sink's
+// cuts make is computed straight into the sink's memory, from the top; otherwise the whole
+// tensor goes into the device gradient buffer with the pass's beta.
+func (n *Net) grad(ti int, beta float32, compute func(g Buf, beta float32, lo, hi int)) error {
+	if n.sink == nil {
+		g, _ := n.gradOf(ti)
+		compute(g, beta, 0, g.N)
+		n.gradDone(ti, g)
+		return nil
+	}
+	x := n.extent[ti]
+	return x.Pieces(n.sink.Cuts(), func(lo, hi int) error {
+		p, err := n.acquire(lo, hi)
+		if err != nil {
+			return err
+		}
+		compute(p.g, p.beta, lo-x.Off, hi-x.Off)
+		return n.release(p)
+	})
+}
+
+// piece is a part of the gradient the sink lent the pass.
+type piece struct {
+	lo, hi int
+	mem    []float32 // the sink's memory
+	g      Buf       // mem as a device buffer
+	beta   float32   // 1: add to what mem holds; 0: overwrite
+}
+
+// acquire takes the sink's memory for [lo, hi) as a device buffer.
+func (n *Net) acquire(lo, hi int) (piece, error) {
+	dst, acc, err := n.sink.Acquire(lo, hi)
+	if err != nil {
+		return piece{}, err
+	}
+	n.wrote = true
+	p := piece{lo: lo, hi: hi, mem: dst, g: n.hostm.View(dst)}
+	if acc {
+		p.beta = 1
+	}
+	return p, nil
+}
+
+// release rounds a written piece to the working precision (the device computed it in fp32
+// into fp32 memory) and gives it back to the sink.
+func (n *Net) release(p piece) error {
+	n.hostm.Unview(p.g)
+	if err := n.dev.Sync(); err != nil {
+		return fmt.Errorf("engine: backward: %w", err)
+	}
+	if f := n.dt.Format(); f != half.FP32 {
+		vec.Round(p.mem, f)
+	}
+	return n.sink.Release(p.lo, p.hi)
 }
 
 // pass holds one call's device buffers; free returns them all to the allocator.
@@ -233,6 +333,13 @@ type pass struct {
 	n    *Net
 	bufs []Buf
 	err  error
+}
+
+// fail records err (the first one wins).
+func (p *pass) fail(err error) {
+	if err != nil && p.err == nil {
+		p.err = err
+	}
 }
 
 func (p *pass) alloc(elems int, t DType) Buf {
@@ -275,7 +382,6 @@ func (p *pass) free() {
 // layerState is what the backward pass needs of one layer's forward.
 type layerState struct {
 	in, out Buf // activations (out may alias in: ReLU runs in place)
-	cols    Buf // Conv2D: the unfolded input
 	idx     Buf // MaxPool2: the argmax indices
 }
 
@@ -349,9 +455,10 @@ func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 }
 
 // ErrGradientLost is returned when a checkpointed backward pass runs out of memory after it
-// has added part of a micro-batch's gradient into an accumulating device gradient: the step's
-// gradient cannot be trusted, so the run stops rather than skip the micro-batch silently.
-var ErrGradientLost = errors.New("gpu: out of memory in the middle of a checkpointed backward pass while accumulating: the step's gradient is lost (lower train.micro_batch, or use fewer segments)")
+// has added part of a micro-batch's gradient into an accumulating gradient or handed it to the
+// sink: the step's gradient cannot be trusted, so the run stops rather than skip the
+// micro-batch silently.
+var ErrGradientLost = errors.New("engine: out of memory in the middle of a checkpointed backward pass after part of the gradient was written: the step's gradient is lost (lower train.micro_batch, or use fewer segments)")
 
 // runSegments is forward and backward with activation checkpointing: the forward pass keeps
 // only each segment's input, and the backward pass recomputes one segment's activations at a
@@ -392,10 +499,12 @@ func (n *Net) runSegments(p *pass, b *data.Batch, labels, loss Buf, scale, beta 
 			dy = n.backwardRange(p, st, dy, n.segs[s], end(s), rows, beta)
 		}
 		if p.err != nil {
-			if wrote && beta != 0 {
+			// Part of the gradient is already added into an accumulating gradient, or
+			// handed to the sink (which may have reduced it): it cannot be taken back.
+			if (wrote && beta != 0) || n.wrote {
 				return fmt.Errorf("%w: %v", ErrGradientLost, p.err)
 			}
-			return fmt.Errorf("gpu: backward: %w", p.err)
+			return fmt.Errorf("engine: backward: %w", p.err)
 		}
 		wrote = true
 		if !dy.Valid() {
@@ -482,20 +591,15 @@ func (n *Net) forwardRange(p *pass, st []layerState, h Buf, lo, hi, rows int) Bu
 			n.dev.AddBias(out, n.tensor(l.Bias), rows, l.Out, false)
 			h = out
 		case model.Conv2D:
-			c, hh, w := l.InShape[0], l.InShape[1], l.InShape[2]
-			ohw := l.OutShape[1] * l.OutShape[2]
-			ckk := c * l.Kernel * l.Kernel
-			cols := p.alloc(ckk*rows*ohw, n.dt)
-			ycm := p.alloc(l.Out*rows*ohw, n.dt) // channel-major [out, rows·ohw]
-			out := p.alloc(rows*l.Out*ohw, n.dt)
+			cs := n.convShape(l, rows)
+			mark := len(p.bufs)
+			out := p.alloc(rows*prod(l.OutShape), n.dt)
+			ws := n.convWorkspace(p, cs)
 			if p.err != nil {
 				return Buf{}
 			}
-			n.dev.Im2Col(cols, h, rows, c, hh, w, l.Kernel, l.Pad)
-			n.dev.Gemm(false, false, l.Out, rows*ohw, ckk, 1, n.tensor(l.Weight), cols, 0, ycm)
-			n.dev.AddBias(ycm, n.tensor(l.Bias), l.Out, rows*ohw, true)
-			n.dev.Transpose01(out, ycm, l.Out, rows, ohw)
-			st[i].cols = cols
+			n.dev.Conv2D(out, h, n.tensor(l.Weight), n.tensor(l.Bias), ws, cs)
+			p.release(mark, out) // the workspace goes back at once
 			h = out
 		case model.ReLU:
 			n.dev.ReLU(h, h) // in place: the layer below needs only its input in backward
@@ -520,11 +624,24 @@ func (n *Net) forwardRange(p *pass, st []layerState, h Buf, lo, hi, rows int) Bu
 	return h
 }
 
+// convShape is layer l's convolution over rows samples.
+func (n *Net) convShape(l model.Layer, rows int) ConvShape {
+	return ConvShape{N: rows, C: l.InShape[0], H: l.InShape[1], W: l.InShape[2], Out: l.Out, K: l.Kernel, Pad: l.Pad}
+}
+
+// convWorkspace allocates what the device wants for a convolution (an invalid Buf for none).
+func (n *Net) convWorkspace(p *pass, s ConvShape) Buf {
+	if wn, wt := n.dev.ConvWorkspace(s, n.dt); wn > 0 {
+		return p.alloc(wn, wt)
+	}
+	return Buf{}
+}
+
 // bwdBufs is one layer's backward workspace.
-type bwdBufs struct{ dx, dycm, dcols Buf }
+type bwdBufs struct{ dx, ws Buf }
 
 // backwardBuffers allocates the whole backward pass's workspace before any gradient is
-// written, so an out-of-memory failure never leaves a gradient half accumulated.
+// written, so an out-of-memory failure never leaves a gradient half written.
 func (n *Net) backwardBuffers(p *pass, lo, hi, rows int) []bwdBufs {
 	ws := make([]bwdBufs, len(n.spec.Layers))
 	for i := hi - 1; i >= lo && p.err == nil; i-- {
@@ -536,13 +653,10 @@ func (n *Net) backwardBuffers(p *pass, lo, hi, rows int) []bwdBufs {
 			}
 			ws[i].dx = p.alloc(rows*l.In, n.dt)
 		case model.Conv2D:
-			ohw := l.OutShape[1] * l.OutShape[2]
-			ckk := l.InShape[0] * l.Kernel * l.Kernel
-			ws[i].dycm = p.alloc(l.Out*rows*ohw, n.dt)
+			ws[i].ws = n.convWorkspace(p, n.convShape(l, rows))
 			if !n.needDx[i] {
 				return ws
 			}
-			ws[i].dcols = p.alloc(ckk*rows*ohw, n.dt)
 			ws[i].dx = p.alloc(rows*prod(l.InShape), n.dt)
 		case model.MaxPool2:
 			ws[i].dx = p.alloc(rows*prod(l.InShape), n.dt)
@@ -552,56 +666,52 @@ func (n *Net) backwardBuffers(p *pass, lo, hi, rows int) []bwdBufs {
 }
 
 // backward propagates dy (the logits' gradient) down the layers, setting each trainable
-// tensor's gradient in n.grads to beta × itself plus this pass's.
+// tensor's gradient to beta × itself plus this pass's (see grad).
 func (n *Net) backward(p *pass, st []layerState, dy Buf, rows int, beta float32) {
 	n.backwardRange(p, st, dy, 0, len(n.spec.Layers), rows, beta)
 }
 
 // backwardRange propagates dy, the gradient at layer hi-1's output, down through layers
 // [lo, hi) and returns the gradient at layer lo's input, or an invalid Buf when nothing below
-// needs it (or an allocation failed, which p holds). All the range's workspace is allocated
-// before its first gradient write.
+// needs it (or something failed, which p holds). All the range's workspace is allocated
+// before its first gradient write. Within a layer the bias's gradient (higher in the flat
+// space) goes before the weight's, and a Linear weight's from its last rows: the pieces reach
+// the sink from the top.
 func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, beta float32) Buf {
 	ws := n.backwardBuffers(p, lo, hi, rows)
 	if p.err != nil {
 		return Buf{}
 	}
+	trainable := func(ti int) bool { return !n.layout.Tensors[ti].Frozen }
 	for i := hi - 1; i >= lo; i-- {
 		l := n.spec.Layers[i]
 		s, w := st[i], ws[i]
 		switch l.Kind {
 		case model.Dense:
-			if gw, ok := n.gradOf(l.Weight); ok {
-				n.dev.Gemm(true, false, l.In, l.Out, rows, 1, s.in, dy, beta, gw)
-				n.gradDone(l.Weight, gw)
+			if trainable(l.Bias) {
+				p.fail(n.grad(l.Bias, beta, func(g Buf, beta float32, _, _ int) {
+					n.dev.SumRows(g, dy, rows, l.Out, false, beta)
+				}))
 			}
-			if gb, ok := n.gradOf(l.Bias); ok {
-				n.dev.SumRows(gb, dy, rows, l.Out, false, beta)
-				n.gradDone(l.Bias, gb)
+			if trainable(l.Weight) && p.err == nil {
+				// The weight is stored [in, out]: rows [r0, r1) of its gradient are the
+				// input's columns r0..r1 (transposed) times dy.
+				p.fail(n.grad(l.Weight, beta, func(g Buf, beta float32, lo, hi int) {
+					r0, r1 := lo/l.Out, hi/l.Out
+					x := s.in.Slice(r0, r0+stridedLen(rows, r1-r0, l.In))
+					n.dev.GemmLD(true, false, r1-r0, l.Out, rows, 1, x, l.In, dy, l.Out, beta, g, l.Out)
+				}))
 			}
-			if !n.needDx[i] {
+			if p.err != nil || !n.needDx[i] {
 				return Buf{}
 			}
 			n.dev.Gemm(false, true, rows, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, w.dx)
 			dy = w.dx
 		case model.Conv2D:
-			c, hh, ww := l.InShape[0], l.InShape[1], l.InShape[2]
-			ohw := l.OutShape[1] * l.OutShape[2]
-			ckk := c * l.Kernel * l.Kernel
-			n.dev.Transpose01(w.dycm, dy, rows, l.Out, ohw)
-			if gw, ok := n.gradOf(l.Weight); ok {
-				n.dev.Gemm(false, true, l.Out, ckk, rows*ohw, 1, w.dycm, s.cols, beta, gw)
-				n.gradDone(l.Weight, gw)
-			}
-			if gb, ok := n.gradOf(l.Bias); ok {
-				n.dev.SumRows(gb, w.dycm, l.Out, rows*ohw, true, beta)
-				n.gradDone(l.Bias, gb)
-			}
-			if !n.needDx[i] {
+			p.fail(n.convGrads(i, s.in, dy, w, rows, beta))
+			if p.err != nil || !n.needDx[i] {
 				return Buf{}
 			}
-			n.dev.Gemm(true, false, ckk, rows*ohw, l.Out, 1, n.tensor(l.Weight), w.dycm, 0, w.dcols)
-			n.dev.Col2Im(w.dx, w.dcols, rows, c, hh, ww, l.Kernel, l.Pad)
 			dy = w.dx
 		case model.ReLU:
 			n.dev.ReLUGrad(dy, dy, s.out)
@@ -612,6 +722,65 @@ func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, 
 		}
 	}
 	return dy
+}
+
+// convGrads runs a convolution's backward pass: its weight and bias gradients (those that
+// are trained) and, when a layer below needs it, the input gradient into w.dx.
+func (n *Net) convGrads(i int, x, dy Buf, w bwdBufs, rows int, beta float32) error {
+	l := n.spec.Layers[i]
+	cs := n.convShape(l, rows)
+	dx := Buf{}
+	if n.needDx[i] {
+		dx = w.dx
+	}
+	wTrain, bTrain := !n.layout.Tensors[l.Weight].Frozen, !n.layout.Tensors[l.Bias].Frozen
+	if n.sink == nil {
+		var dw, db Buf
+		if wTrain {
+			dw, _ = n.gradOf(l.Weight)
+		}
+		if bTrain {
+			db, _ = n.gradOf(l.Bias)
+		}
+		n.dev.Conv2DBackward(dx, dw, db, dy, x, n.tensor(l.Weight), w.ws, cs, beta)
+		if bTrain {
+			n.gradDone(l.Bias, db)
+		}
+		if wTrain {
+			n.gradDone(l.Weight, dw)
+		}
+		return nil
+	}
+	// Both gradients come out of one call: take both pieces (bias first: it lies higher),
+	// compute, give them back. A convolution's tensors are produced whole.
+	var pb, pw piece
+	var err error
+	if bTrain {
+		x := n.extent[l.Bias]
+		if pb, err = n.acquire(x.Off, x.Off+x.Size); err != nil {
+			return err
+		}
+	}
+	if wTrain {
+		x := n.extent[l.Weight]
+		if pw, err = n.acquire(x.Off, x.Off+x.Size); err != nil {
+			return err
+		}
+	}
+	if pb.g.Valid() && pw.g.Valid() && pb.beta != pw.beta {
+		return errors.New("engine: the sink wants the bias and the weight of one layer accumulated differently")
+	}
+	b := max(pb.beta, pw.beta)
+	n.dev.Conv2DBackward(dx, pw.g, pb.g, dy, x, n.tensor(l.Weight), w.ws, cs, b)
+	if bTrain {
+		if err := n.release(pb); err != nil {
+			return err
+		}
+	}
+	if wTrain {
+		return n.release(pw)
+	}
+	return nil
 }
 
 // Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples and sums their loss

@@ -93,11 +93,11 @@ func TestNetMatchesCPUEngine(t *testing.T) {
 			gc, gg := make([]float32, n), make([]float32, n)
 			for k := uint64(0); k < 2; k++ {
 				b := randomBatch(micro, size, classes, 3+k)
-				lc, err := cpu.ForwardBackward(b, 64, gc)
+				lc, err := cpu.ForwardBackward(b, 64, model.FlatSink(gc))
 				if err != nil {
 					t.Fatal(err)
 				}
-				lg, err := g.ForwardBackward(b, 64, gg)
+				lg, err := g.ForwardBackward(b, 64, model.FlatSink(gg))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -145,20 +145,18 @@ func TestNetStreamAndFrozen(t *testing.T) {
 	b := randomBatch(4, 36, 3, 5)
 	n := cpu.Layout().Trainable()
 	want := make([]float32, n)
-	if _, err := cpu.ForwardBackward(b, 1, want); err != nil {
+	if _, err := cpu.ForwardBackward(b, 1, model.FlatSink(want)); err != nil {
 		t.Fatal(err)
 	}
-	got := make([]float32, n)
-	last := -1
-	if _, err := g.ForwardBackwardStream(b, 1, func(off int, gr []float32) error {
-		if off <= last {
-			t.Errorf("offset %d after %d: not increasing", off, last)
-		}
-		last = off
-		copy(got[off:], gr)
-		return nil
-	}); err != nil {
+	rec := &recordSink{mem: make([]float32, n), cuts: []int{0, n / 2}}
+	if _, err := g.ForwardBackward(b, 1, rec); err != nil {
 		t.Fatal(err)
+	}
+	got := rec.mem
+	for i := 1; i < len(rec.pieces); i++ {
+		if rec.pieces[i][1] > rec.pieces[i-1][0] {
+			t.Errorf("piece %v after %v: not from the top", rec.pieces[i], rec.pieces[i-1])
+		}
 	}
 	if e := relErr(want, got); e > 2e-5 {
 		t.Fatalf("streamed gradient differs from the CPU engine's: %.3g", e)
@@ -198,13 +196,13 @@ func TestNetOutOfMemory(t *testing.T) {
 	_, g := pair(t, NewReference(), cfg, []int{1, 6, 6}, 3, 4, half.FP32, nil)
 	b := randomBatch(4, 36, 3, 2)
 	grads := make([]float32, g.Layout().Trainable())
-	if _, err := g.ForwardBackward(b, 1, grads); err != nil {
+	if _, err := g.ForwardBackward(b, 1, model.FlatSink(grads)); err != nil {
 		t.Fatal(err)
 	}
 	base := g.Allocator().Stats()
 	for k := 1; k <= 8; k++ {
 		g.Allocator().FailAfter(k)
-		_, err := g.ForwardBackward(b, 1, grads)
+		_, err := g.ForwardBackward(b, 1, model.FlatSink(grads))
 		if !errors.Is(err, memory.ErrOutOfMemory) {
 			t.Fatalf("failure at allocation %d: err = %v, want ErrOutOfMemory", k, err)
 		}
@@ -213,7 +211,7 @@ func TestNetOutOfMemory(t *testing.T) {
 		}
 	}
 	g.Allocator().ClearFailure()
-	if _, err := g.ForwardBackward(b, 1, grads); err != nil {
+	if _, err := g.ForwardBackward(b, 1, model.FlatSink(grads)); err != nil {
 		t.Fatalf("after the failures: %v", err)
 	}
 	// A real device limit: a host device too small for the activations.
@@ -224,7 +222,7 @@ func TestNetOutOfMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := small.ForwardBackward(b, 1, grads); !errors.Is(err, memory.ErrOutOfMemory) {
+	if _, err := small.ForwardBackward(b, 1, model.FlatSink(grads)); !errors.Is(err, memory.ErrOutOfMemory) {
 		t.Fatalf("on a full device: err = %v, want ErrOutOfMemory", err)
 	}
 }
@@ -233,12 +231,12 @@ func TestNetBadBatch(t *testing.T) {
 	cfg := model.Config{Type: model.TypeMLP, Hidden: []int{8}}
 	_, g := pair(t, NewReference(), cfg, []int{1, 4, 4}, 3, 3, half.FP32, nil)
 	grads := make([]float32, g.Layout().Trainable())
-	if _, err := g.ForwardBackward(randomBatch(2, 16, 3, 1), 1, grads); !errors.Is(err, ErrBatch) {
+	if _, err := g.ForwardBackward(randomBatch(2, 16, 3, 1), 1, model.FlatSink(grads)); !errors.Is(err, ErrBatch) {
 		t.Errorf("short batch: %v", err)
 	}
 	b := randomBatch(3, 16, 3, 1)
 	b.Y[1] = 7
-	if _, err := g.ForwardBackward(b, 1, grads); !errors.Is(err, ErrBatch) {
+	if _, err := g.ForwardBackward(b, 1, model.FlatSink(grads)); !errors.Is(err, ErrBatch) {
 		t.Errorf("bad label: %v", err)
 	}
 	if _, err := g.Evaluate(b); !errors.Is(err, ErrBatch) {
@@ -286,10 +284,10 @@ func TestCopyPaths(t *testing.T) {
 			// The gradient, through the synchronous or the overlapped copy.
 			b0 := randomBatch(3, 16, 3, 8)
 			gc, gg := make([]float32, g.Layout().Trainable()), make([]float32, g.Layout().Trainable())
-			if _, err := cpu.ForwardBackward(b0, 1, gc); err != nil {
+			if _, err := cpu.ForwardBackward(b0, 1, model.FlatSink(gc)); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := g.ForwardBackward(b0, 1, gg); err != nil {
+			if _, err := g.ForwardBackward(b0, 1, model.FlatSink(gg)); err != nil {
 				t.Fatal(err)
 			}
 			if e := relErr(gc, gg); e > 2e-6 {
@@ -402,4 +400,28 @@ func TestNetCheckpointingOOM(t *testing.T) {
 	if skips == 0 || lost == 0 {
 		t.Fatalf("%d skippable failures, %d lost gradients: both paths should occur", skips, lost)
 	}
+}
+
+// recordSink is a model.GradSink with the given cuts that lets every piece overwrite one
+// buffer and records the pieces in the order they came.
+type recordSink struct {
+	mem    []float32
+	cuts   []int
+	pieces [][2]int
+}
+
+func (r *recordSink) Cuts() []int { return r.cuts }
+
+func (r *recordSink) Acquire(lo, hi int) ([]float32, bool, error) {
+	for _, c := range r.cuts {
+		if c > lo && c < hi {
+			return nil, false, errors.New("piece spans a cut")
+		}
+	}
+	return r.mem[lo:hi], false, nil
+}
+
+func (r *recordSink) Release(lo, hi int) error {
+	r.pieces = append(r.pieces, [2]int{lo, hi})
+	return nil
 }

@@ -39,7 +39,7 @@ func BenchmarkTrainStep(b *testing.B) {
 					grads := make([]float32, layout.Size)
 					b.ResetTimer()
 					for i := 0; i < b.N; i++ {
-						if _, err := net.ForwardBackward(batch, 1, grads); err != nil {
+						if _, err := net.ForwardBackward(batch, 1, FlatSink(grads)); err != nil {
 							b.Fatal(err)
 						}
 					}

@@ -89,11 +89,11 @@ func TestCheckpointingGradientsIdentical(t *testing.T) {
 					gp, gc := make([]float32, size), make([]float32, size)
 					for i, scale := range []float32{1, 1024} {
 						b := randomBatch(micro, 64, 4, uint64(11+i))
-						lp, err := plain.ForwardBackward(b, scale, gp)
+						lp, err := plain.ForwardBackward(b, scale, FlatSink(gp))
 						if err != nil {
 							t.Fatal(err)
 						}
-						lc, err := ckpt.ForwardBackward(b, scale, gc)
+						lc, err := ckpt.ForwardBackward(b, scale, FlatSink(gc))
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -103,19 +103,20 @@ func TestCheckpointingGradientsIdentical(t *testing.T) {
 					}
 					assertSameBits(t, plain.Layout(), gp, gc)
 
-					// The stream: same tensors, same values, increasing offsets.
+					// Through a sink: same tensors, same values, from the top of the flat space.
 					b := randomBatch(micro, 64, 4, 21)
 					type chunk struct {
 						off int
 						g   []float32
 					}
 					stream := func(n *Net) []chunk {
-						var out []chunk
-						if _, err := n.ForwardBackwardStream(b, 8, func(off int, g []float32) error {
-							out = append(out, chunk{off, slices.Clone(g)})
-							return nil
-						}); err != nil {
+						rec := &recordSink{mem: make([]float32, n.Layout().Trainable())}
+						if _, err := n.ForwardBackward(b, 8, rec); err != nil {
 							t.Fatal(err)
+						}
+						var out []chunk
+						for _, p := range rec.pieces {
+							out = append(out, chunk{p[0], slices.Clone(rec.mem[p[0]:p[1]])})
 						}
 						return out
 					}
@@ -124,7 +125,7 @@ func TestCheckpointingGradientsIdentical(t *testing.T) {
 						t.Fatalf("stream: %d tensors, checkpointed %d, layout %d", len(sp), len(sc), len(ckpt.Layout().Tensors))
 					}
 					for i := range sc {
-						if i > 0 && sc[i].off <= sc[i-1].off {
+						if i > 0 && sc[i].off >= sc[i-1].off {
 							t.Fatalf("stream: offset %d after %d", sc[i].off, sc[i-1].off)
 						}
 						if sc[i].off != sp[i].off {
@@ -147,7 +148,7 @@ func TestCheckpointingGradientsIdentical(t *testing.T) {
 func TestCheckpointingReleasesActivations(t *testing.T) {
 	net := newTestNet(t, Config{Type: TypeCNN, Channels: []int{3, 4}, Kernel: 3, Hidden: []int{8}}, 4, half.FP32, 3)
 	grads := make([]float32, net.Layout().Size)
-	if _, err := net.ForwardBackward(randomBatch(4, 64, 4, 1), 1, grads); err != nil {
+	if _, err := net.ForwardBackward(randomBatch(4, 64, 4, 1), 1, FlatSink(grads)); err != nil {
 		t.Fatal(err)
 	}
 	for i, seg := range net.ckpt.segs {
@@ -197,4 +198,20 @@ func assertSameBits(t *testing.T, l *Layout, want, got []float32) {
 	if nonzero == 0 {
 		t.Fatal("all gradients are zero")
 	}
+}
+
+// recordSink is a GradSink that lets every piece overwrite one buffer and records the pieces
+// in the order they came.
+type recordSink struct {
+	mem    []float32
+	pieces [][2]int
+}
+
+func (r *recordSink) Cuts() []int { return nil }
+
+func (r *recordSink) Acquire(lo, hi int) ([]float32, bool, error) { return r.mem[lo:hi], false, nil }
+
+func (r *recordSink) Release(lo, hi int) error {
+	r.pieces = append(r.pieces, [2]int{lo, hi})
+	return nil
 }

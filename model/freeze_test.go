@@ -98,8 +98,8 @@ func TestFrozenNet(t *testing.T) {
 	}
 	gPlain := make([]float32, plainL.Size)
 	gFrozen := make([]float32, frozenL.Trainable())
-	l1, err1 := nets[0].ForwardBackward(b, 1, gPlain)
-	l2, err2 := nets[1].ForwardBackward(b, 1, gFrozen)
+	l1, err1 := nets[0].ForwardBackward(b, 1, FlatSink(gPlain))
+	l2, err2 := nets[1].ForwardBackward(b, 1, FlatSink(gFrozen))
 	if err1 != nil || err2 != nil || l1 != l2 {
 		t.Fatalf("losses %v %v (%v, %v)", l1, l2, err1, err2)
 	}

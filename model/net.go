@@ -227,37 +227,45 @@ func (n *Net) MicroBatch() int { return n.micro }
 // EvalBatch is the evaluation graph's batch size.
 func (n *Net) EvalBatch() int { return n.eval.bs }
 
-// ForwardBackward runs one micro-batch (b.N must equal MicroBatch) and adds the gradient of
-// loss×scale into grads (len Layout().Trainable(): offsets count from Layout().Frozen, the
-// start of the trainable tensors), rounding the micro-batch gradient and the running
-// sum to the working precision — the semantics of `param.grad +=` on a half-precision device.
-// It returns the unscaled mean cross-entropy of the micro-batch.
-func (n *Net) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
-	if len(grads) != n.layout.Trainable() {
-		panic(fmt.Sprintf("model: grads has %d elements, the layout's trainable part %d", len(grads), n.layout.Trainable()))
+// ForwardBackward runs one micro-batch (b.N must equal MicroBatch) and hands the gradient of
+// loss×scale to sink, tensor by tensor from the top of the flat space, in pieces between the
+// sink's cuts: a piece is rounded to the working precision and added to what the sink's
+// memory holds (accumulate) or written over it — the semantics of `param.grad +=` on a
+// half-precision device. It returns the unscaled mean cross-entropy of the micro-batch.
+// gorgonia computes the whole backward pass before any piece goes out, so on this engine the
+// reductions overlap nothing; FlatSink(grads) adds the gradient into one full buffer.
+func (n *Net) ForwardBackward(b *data.Batch, scale float32, sink GradSink) (float32, error) {
+	ext := n.layout.Extents()
+	byOff := map[int]Extent{}
+	for _, x := range ext {
+		byOff[x.Off] = x
 	}
 	return n.forwardBackward(b, scale, func(off int, g []float32) error {
-		accumulate(grads[off:off+len(g)], g, n.grad)
-		return nil
-	})
-}
-
-// ForwardBackwardStream runs one micro-batch like ForwardBackward but hands each tensor's
-// gradient of loss×scale, rounded to the working precision, to emit (flat offset, values) in
-// increasing offset order instead of adding it into a full gradient buffer. ZeRO stage 2
-// reduces the gradient bucket by bucket as it streams out, so no rank holds a full-size
-// gradient between micro-batches. g is only valid during the call.
-func (n *Net) ForwardBackwardStream(b *data.Batch, scale float32, emit func(off int, g []float32) error) (float32, error) {
-	return n.forwardBackward(b, scale, func(off int, g []float32) error {
+		x, ok := byOff[off]
+		if !ok || x.Size != len(g) {
+			return fmt.Errorf("model: no trainable tensor of %d elements at offset %d", len(g), off)
+		}
 		if n.grad != half.FP32 {
 			vec.Round(g, n.grad)
 		}
-		return emit(off, g)
+		return x.Pieces(sink.Cuts(), func(lo, hi int) error {
+			dst, acc, err := sink.Acquire(lo, hi)
+			if err != nil {
+				return err
+			}
+			if acc {
+				accumulate(dst, g[lo-off:hi-off], n.grad)
+			} else {
+				copy(dst, g[lo-off:hi-off])
+			}
+			return sink.Release(lo, hi)
+		})
 	})
 }
 
 // forwardBackward runs the training graph (or the checkpointed segments) on b and passes each
-// parameter's gradient to use, in flat-offset order, then clears it.
+// parameter's gradient to use, in decreasing flat-offset order (as a backward pass produces
+// them), then clears it.
 func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g []float32) error) (float32, error) {
 	in := prod(n.spec.Input)
 	if b.N != n.micro || b.SampleSize != in {
@@ -284,7 +292,8 @@ func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g 
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range order {
+	for k := len(order) - 1; k >= 0; k-- {
+		p := order[k]
 		gv, err := p.node.Grad()
 		if err != nil {
 			return 0, fmt.Errorf("model: reading gradient of %s: %w", p.node.Name(), err)

@@ -55,7 +55,7 @@ func TestGradientFiniteDifference(t *testing.T) {
 			net, params := tinyNet(t, cfg, micro, half.FP32)
 			b := randomBatch(micro, 64, 4, 3)
 			grads := make([]float32, len(params))
-			if _, err := net.ForwardBackward(b, 1, grads); err != nil {
+			if _, err := net.ForwardBackward(b, 1, FlatSink(grads)); err != nil {
 				t.Fatal(err)
 			}
 			meanLoss := func() float64 {
@@ -98,13 +98,13 @@ func TestForwardBackwardIndependentCalls(t *testing.T) {
 	net, params := tinyNet(t, Config{Type: TypeMLP, Hidden: []int{16}}, 4, half.FP32)
 	b := randomBatch(4, 64, 4, 5)
 	once := make([]float32, len(params))
-	if _, err := net.ForwardBackward(b, 1, once); err != nil {
+	if _, err := net.ForwardBackward(b, 1, FlatSink(once)); err != nil {
 		t.Fatal(err)
 	}
 	twice := make([]float32, len(params))
 	for i := 0; i < 3; i++ {
 		clear(twice)
-		if _, err := net.ForwardBackward(b, 1, twice); err != nil {
+		if _, err := net.ForwardBackward(b, 1, FlatSink(twice)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -28,18 +28,15 @@ const (
 )
 
 // skipMicroBatch drops micro-batch j after an out-of-memory error: what it held is garbage
-// now, its samples contribute nothing to this step, and the run goes on. At ZeRO stage 2 the
-// other ranks are reducing this micro-batch's buckets, so this rank still takes part, with a
-// zero gradient (the model fails before it emits any).
+// now, its samples contribute nothing to this step, and the run goes on. The other ranks may be
+// reducing this micro-batch's buckets; this rank takes part with a zero gradient (the model
+// fails before it writes any, and microBatch has finished the engine's part).
 func (t *Trainer) skipMicroBatch(j int, err error) error {
 	t.adapt.skipped++
 	t.adapt.streak++
 	t.log.Warn("out of memory in a micro-batch: skipping it",
 		zap.Int64("step", t.step+1), zap.Int("micro_batch_index", j), zap.Int("micro_batch", t.cfg.MicroBatch),
 		zap.Int("consecutive", t.adapt.streak), zap.Int64("skipped_total", t.adapt.skipped), zap.Error(err))
-	if t.eng.Micro() == nil {
-		return t.eng.EndMicro()
-	}
 	return nil
 }
 

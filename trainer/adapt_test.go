@@ -18,20 +18,12 @@ type oomModel struct {
 	call int
 }
 
-func (m *oomModel) ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error) {
+func (m *oomModel) ForwardBackward(b *data.Batch, scale float32, sink model.GradSink) (float32, error) {
 	m.call++
 	if m.fail(m.MicroBatch(), m.call) {
 		return 0, fmt.Errorf("allocating activations: %w", memory.ErrOutOfMemory)
 	}
-	return m.Model.ForwardBackward(b, scale, grads)
-}
-
-func (m *oomModel) ForwardBackwardStream(b *data.Batch, scale float32, emit func(int, []float32) error) (float32, error) {
-	m.call++
-	if m.fail(m.MicroBatch(), m.call) {
-		return 0, fmt.Errorf("allocating activations: %w", memory.ErrOutOfMemory)
-	}
-	return m.Model.ForwardBackwardStream(b, scale, emit)
+	return m.Model.ForwardBackward(b, scale, sink)
 }
 
 // buildOOM builds a trainer of r whose model fails as fail says, with Rebuild wired.

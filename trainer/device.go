@@ -19,6 +19,9 @@ import (
 // weights and optimizer state are brought up to date only for checkpoints, memory adaptation
 // and the end of the run.
 type DeviceStepper interface {
+	// DeviceStep reports whether the model's device is apart from the host (false for the
+	// CPU backend, whose memory the host engine already uses in place).
+	DeviceStep() bool
 	EnableDeviceOptimizer(cfg offload.Config) error
 	// AccumulateMicro adds one micro-batch's gradient of loss×scale into the device gradient
 	// (first: sets it) and returns the unscaled mean loss.
@@ -41,7 +44,7 @@ type DeviceStepper interface {
 // split), and the log says why.
 func (t *Trainer) enableDeviceStep() error {
 	d, ok := t.model.(DeviceStepper)
-	if !ok {
+	if !ok || !d.DeviceStep() {
 		return nil
 	}
 	why := ""

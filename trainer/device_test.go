@@ -8,9 +8,39 @@ import (
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/engine/cpu"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/model"
 )
+
+// cpuModel makes testRun build the native engine on the CPU backend (the default).
+func cpuModel(r testRun) func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+	return func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+		t.Helper()
+		dev := cpu.New(cpu.Options{Threads: 2})
+		alloc := engine.NewAllocator(dev)
+		n, err := engine.NewNet(alloc, spec, layout, params,
+			engine.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Precision: r.cfg.Format()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close(); alloc.Close(); dev.Close() })
+		return n
+	}
+}
+
+// gorgoniaModel makes testRun build the gorgonia engine (the oracle).
+func gorgoniaModel(r testRun) func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+	return func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
+		t.Helper()
+		n, err := model.New(spec, layout, params, model.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Grad: r.cfg.Format()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+}
 
 // gpuModel makes testRun build the GPU engine over the reference device.
 func gpuModel(r testRun) func(t *testing.T, spec *model.Spec, layout *model.Layout, params []float32) Model {
@@ -210,5 +240,56 @@ func TestDeviceStepOutOfMemory(t *testing.T) {
 	t.Logf("last loss %.4f with two micro-batches lost, %.4f without", res.LastLoss, base.LastLoss)
 	if math.Abs(res.LastLoss-base.LastLoss) > 0.2*base.LastLoss {
 		t.Fatalf("last loss %.4f, %.4f without the failures", res.LastLoss, base.LastLoss)
+	}
+}
+
+// TestEnginesAgree: the native engine on the CPU backend (the default) and the gorgonia
+// engine (the oracle) train the shipped model shapes alike: the same losses step by step and
+// the same weights at the end, within float tolerance — with accumulation, clipping and, for
+// the CNN, ZeRO stage 2's streamed buckets.
+func TestEnginesAgree(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		model model.Config
+		stage int
+		tol   float64
+	}{
+		{"mlp", model.Config{Type: model.TypeMLP, Hidden: []int{32, 16}}, 0, 2e-6},
+		{"cnn", model.Config{Type: model.TypeCNN, Channels: []int{4, 6}, Kernel: 3, Hidden: []int{12}}, 0, 2e-6},
+		{"cnn-stage2", model.Config{Type: model.TypeCNN, Channels: []int{4, 6}, Kernel: 3, Hidden: []int{12}}, 2, 2e-6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := defaultRun()
+			r.model = tc.model
+			r.zero.Stage = tc.stage
+			r.cfg.MicroBatch, r.cfg.Accum, r.cfg.MaxGradNorm, r.cfg.MaxSteps = 16, 2, 0.5, 8
+			g := r
+			g.newModel = gorgoniaModel(g)
+			hg, hn := &recorder{}, &recorder{}
+			tg, tn := g.build(t, hg, nil), r.build(t, hn, nil)
+			rg, err := tg.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rn, err := tn.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rg.Steps != rn.Steps || rg.OptimizerSteps != rn.OptimizerSteps {
+				t.Fatalf("gorgonia %d steps (%d optimizer), native %d (%d)", rg.Steps, rg.OptimizerSteps, rn.Steps, rn.OptimizerSteps)
+			}
+			lg, ln := hg.trainLosses(), hn.trainLosses()
+			for s, l := range lg {
+				if math.Abs(l-ln[s]) > 1e-5*math.Max(1, math.Abs(l)) {
+					t.Errorf("step %d: loss %v on gorgonia, %v native", s, l, ln[s])
+				}
+			}
+			d, at := maxAbsDiff(tg.Master(), tn.Master())
+			moved, _ := maxAbsDiff(tg.Master(), g.build(t, nil, nil).Master())
+			t.Logf("max |w_gorgonia - w_native| = %.3g (at %d); the weights moved up to %.3g", d, at, moved)
+			if d > tc.tol || moved < 1e-3 {
+				t.Fatalf("weights differ by %.3g (tolerance %.3g), moved %.3g", d, tc.tol, moved)
+			}
+		})
 	}
 }

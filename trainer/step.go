@@ -39,7 +39,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
 		}
 		fb := t.beginPhase(memory.PhaseForwardBackward)
-		loss, err := t.microBatch(cctx, lossMul, ran == 0)
+		loss, err := t.microBatch(cctx, lossMul, ran == 0, j == t.cfg.Accum-1)
 		fb.end()
 		if errors.Is(err, memory.ErrOutOfMemory) {
 			if err := t.skipMicroBatch(j, err); err != nil {
@@ -140,22 +140,22 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	return stop, nil
 }
 
-// microBatch runs the forward and backward pass of the filled micro-batch, its gradient going
-// into the engine: added into the full gradient buffer at stages 0-1, streamed bucket by bucket
-// into the reduce-scatter at stage 2.
-func (t *Trainer) microBatch(cctx context.Context, lossMul float32, first bool) (float32, error) {
+// microBatch runs the forward and backward pass of the filled micro-batch, its gradient
+// going into the engine piece by piece as the backward pass produces it (the engine reduces
+// each bucket as soon as it is complete: in the last micro-batch at stages 0-1, in every one at
+// stage 2). first says no micro-batch of the step has run yet, last that this is the step's
+// last. The engine's part is finished whether the pass succeeded or failed, so a rank that
+// skips a micro-batch still takes part in its collectives, with a zero gradient.
+func (t *Trainer) microBatch(cctx context.Context, lossMul float32, first, last bool) (float32, error) {
 	if t.dev != nil {
 		return t.dev.AccumulateMicro(t.batch, lossMul, first)
 	}
-	if g := t.eng.Micro(); g != nil {
-		return t.model.ForwardBackward(t.batch, lossMul, g)
+	t.eng.BeginMicro(cctx, first, last)
+	loss, err := t.model.ForwardBackward(t.batch, lossMul, t.eng)
+	if eerr := t.eng.EndMicro(); err == nil {
+		err = eerr
 	}
-	t.eng.BeginMicro(cctx)
-	loss, err := t.model.ForwardBackwardStream(t.batch, lossMul, t.eng.MicroSink)
-	if err != nil {
-		return 0, err
-	}
-	return loss, t.eng.EndMicro()
+	return loss, err
 }
 
 // report records a finished step in the metrics file and the progress line.

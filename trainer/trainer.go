@@ -26,22 +26,20 @@ import (
 	"github.com/qvd/qvd/zero"
 )
 
-// Model is what the trainer trains. Parameters and gradients are flat buffers of
-// Layout().Size float32 with the same layout; the trainer owns the gradient buffer and the
-// fp32 master copy, the model owns the working-precision parameters its graph reads.
+// Model is what the trainer trains. Parameters are a flat buffer of Layout().Size float32;
+// the model owns the working-precision parameters it computes with, the trainer's ZeRO engine
+// the gradient and the fp32 master copy.
 type Model interface {
 	Layout() *model.Layout
 	// Params is the working-precision parameter buffer the model computes with.
 	Params() []float32
 	MicroBatch() int
 	EvalBatch() int
-	// ForwardBackward runs one micro-batch of exactly MicroBatch samples and adds the
-	// gradient of loss×scale into grads, in working precision; it returns the unscaled loss.
-	ForwardBackward(b *data.Batch, scale float32, grads []float32) (float32, error)
-	// ForwardBackwardStream runs one micro-batch and hands each tensor's gradient of
-	// loss×scale, in working precision, to emit in increasing flat-offset order (ZeRO stage 2
-	// reduces it bucket by bucket as it streams out).
-	ForwardBackwardStream(b *data.Batch, scale float32, emit func(off int, g []float32) error) (float32, error)
+	// ForwardBackward runs one micro-batch of exactly MicroBatch samples and hands the
+	// gradient of loss×scale, in working precision, to sink piece by piece as the backward
+	// pass produces it (the ZeRO engine reduces each bucket as soon as it is complete); it
+	// returns the unscaled mean loss. A failure to allocate happens before the first piece.
+	ForwardBackward(b *data.Batch, scale float32, sink model.GradSink) (float32, error)
 	// Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples.
 	Evaluate(b *data.Batch) (model.EvalResult, error)
 }
@@ -75,7 +73,11 @@ type Setup struct {
 	Checkpoint checkpoint.Config // Dir "" disables checkpointing
 	Seed       uint64
 
-	Model       Model
+	Model Model
+	// Pool, if set, runs the optimizer and the trainer's flat-buffer passes (the caller owns
+	// it: the CPU backend's passes share it, so one set of goroutines owns the cores); nil
+	// makes the trainer start its own.
+	Pool        *offload.Pool
 	Train, Test *data.Dataset
 	Normalize   data.Normalize
 
@@ -155,6 +157,7 @@ type Trainer struct {
 	zeroCfg zero.Config
 	eng     *zero.Engine // gradients, master weights, optimizer: this rank's share
 	pool    *offload.Pool
+	ownPool bool
 	format  half.Format
 	scaler  *Scaler // nil unless fp16
 
@@ -290,10 +293,19 @@ func New(s Setup) (*Trainer, error) {
 	if s.Optimizer.Threads > 0 {
 		threads = s.Optimizer.Threads
 	}
-	t.pool = offload.NewPool(threads)
-	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params[frozen:], Format: t.format, Comm: t.comm, Pool: t.pool})
+	t.pool, t.ownPool = s.Pool, s.Pool == nil
+	if t.ownPool {
+		t.pool = offload.NewPool(threads)
+	}
+	var ext []zero.Extent
+	for _, x := range t.layout.Extents() {
+		ext = append(ext, zero.Extent{Off: x.Off, Size: x.Size, Row: x.Row})
+	}
+	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params[frozen:], Format: t.format, Comm: t.comm, Pool: t.pool, Extents: ext})
 	if err != nil {
-		t.pool.Close()
+		if t.ownPool {
+			t.pool.Close()
+		}
 		return nil, err
 	}
 	t.eng = eng
@@ -327,7 +339,7 @@ func (t *Trainer) Close() error {
 		t.eng.Close()
 	}
 
-	if t.pool != nil {
+	if t.pool != nil && t.ownPool {
 		t.pool.Close()
 	}
 	return nil
@@ -388,6 +400,18 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		zap.Int("world", t.world), zap.Int("global_batch", t.global), zap.Int("steps_per_epoch", t.stepsPerEpoch),
 		zap.Int64("total_steps", t.totalSteps), zap.String("precision", t.format.String()), zap.String("optimizer", t.optCfg.Type),
 		zap.Int64("start_step", t.step), zap.Int("zero_stage", t.zeroCfg.Stage), zap.Bool("offload", t.eng.Offloaded()))
+	if bs := t.eng.ReduceBuckets(); t.dev == nil {
+		largest := 0
+		for _, b := range bs {
+			largest = max(largest, b.Hi-b.Lo)
+		}
+		how := "sized from the model and the world"
+		if t.zeroCfg.ReduceBucketSize > 0 {
+			how = "zero_optimization.reduce_bucket_size"
+		}
+		t.log.Info("gradient buckets", zap.Int("buckets", len(bs)), zap.Int("largest_elements", largest), zap.String("chosen", how),
+			zap.String("overlap", "each bucket is reduced as soon as the backward pass has written it"))
+	}
 	t.logMemory()
 	defer func() {
 		if t.progress != nil {

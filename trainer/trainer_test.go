@@ -128,17 +128,11 @@ func (r testRun) buildWith(t *testing.T, sink MetricsSink, resume *checkpoint.Ch
 	if r.prepare != nil {
 		r.prepare(layout, params)
 	}
-	var net Model
-	if r.newModel != nil {
-		net = r.newModel(t, spec, layout, params)
-	} else {
-		n, err := model.New(spec, layout, params, model.Options{MicroBatch: r.cfg.MicroBatch, EvalBatch: r.cfg.EvalBatch, Grad: r.cfg.Format()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		net = n
+	newModel := r.newModel
+	if newModel == nil {
+		newModel = cpuModel(r)
 	}
+	net := newModel(t, spec, layout, params)
 	ck := checkpoint.Config{Dir: r.ckptDir, EverySteps: r.everySteps, Keep: 0}
 	tr, err := New(Setup{
 		Config: r.cfg, Schedule: r.sched, Scaler: r.scaler, Optimizer: r.opt, Zero: r.zero, Checkpoint: ck, Seed: r.seed,

@@ -8,9 +8,11 @@ type Config struct {
 	Stage            int           `yaml:"stage" json:"stage"`
 	OffloadOptimizer OffloadConfig `yaml:"offload_optimizer" json:"offload_optimizer"`
 	// ReduceBucketSize is the number of elements reduced per collective call (the gradient
-	// all-reduce at stages 0-1, the reduce-scatter at stage 2).
+	// all-reduce at stages 0-1, the reduce-scatter at stage 2); 0 (the default) sizes it from
+	// the model and the world (AutoBucketElems), and the trainer logs what it chose.
 	ReduceBucketSize int64 `yaml:"reduce_bucket_size" json:"reduce_bucket_size"`
-	// AllgatherBucketSize is the number of elements per parameter all-gather at stages 1-2.
+	// AllgatherBucketSize is the number of elements per parameter all-gather at stages 1-2;
+	// 0 sizes it as ReduceBucketSize.
 	AllgatherBucketSize int64 `yaml:"allgather_bucket_size" json:"allgather_bucket_size"`
 }
 
@@ -19,9 +21,9 @@ type OffloadConfig struct {
 	Device string `yaml:"device" json:"device"` // none | cpu
 }
 
-// DefaultConfig is stage 0 without offload, with DeepSpeed's bucket sizes (5e8 elements).
+// DefaultConfig is stage 0 without offload, with buckets sized from the model.
 func DefaultConfig() Config {
-	return Config{OffloadOptimizer: OffloadConfig{Device: "none"}, ReduceBucketSize: 500_000_000, AllgatherBucketSize: 500_000_000}
+	return Config{OffloadOptimizer: OffloadConfig{Device: "none"}}
 }
 
 // Validate checks the block; errors name the field.
@@ -31,10 +33,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stage: must be 0, 1 or 2 (ZeRO-3 parameter partitioning is not supported), got %d", c.Stage)
 	case c.OffloadOptimizer.Device != "none" && c.OffloadOptimizer.Device != "cpu":
 		return fmt.Errorf("offload_optimizer.device: must be none or cpu, got %q", c.OffloadOptimizer.Device)
-	case c.ReduceBucketSize < 1 || c.ReduceBucketSize > 1<<40:
-		return fmt.Errorf("reduce_bucket_size: must be between 1 and 2^40 elements, got %d", c.ReduceBucketSize)
-	case c.AllgatherBucketSize < 1 || c.AllgatherBucketSize > 1<<40:
-		return fmt.Errorf("allgather_bucket_size: must be between 1 and 2^40 elements, got %d", c.AllgatherBucketSize)
+	case c.ReduceBucketSize < 0 || c.ReduceBucketSize > 1<<40:
+		return fmt.Errorf("reduce_bucket_size: must be 0 (sized from the model) or between 1 and 2^40 elements, got %d", c.ReduceBucketSize)
+	case c.AllgatherBucketSize < 0 || c.AllgatherBucketSize > 1<<40:
+		return fmt.Errorf("allgather_bucket_size: must be 0 (sized from the model) or between 1 and 2^40 elements, got %d", c.AllgatherBucketSize)
 	}
 	return nil
 }

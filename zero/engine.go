@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
+	"sync"
 
 	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/vec"
 	"github.com/qvd/qvd/offload"
@@ -27,20 +30,34 @@ type Options struct {
 	// Stream moves gradients to the host and parameters back when the optimizer is offloaded
 	// (Config.OffloadOptimizer.Device == "cpu"); nil makes the engine start a HostStream.
 	Stream offload.Stream
+	// Extents are the trainable tensors as the backward pass produces their gradients
+	// (model.Layout.Extents): reduce buckets begin only at tensor and row starts, so every
+	// piece the pass writes lies in one bucket. nil: buckets are cut anywhere.
+	Extents []Extent
 }
 
-// Engine runs one rank's part of a ZeRO training step. Its methods are called from the
-// trainer's goroutine, in the order: BeginStep; per micro-batch BeginMicro, the model's
-// backward into Micro() (stages 0-1) or through MicroSink (stage 2), EndMicro; then Reduce,
-// SumSquares and Step. Every rank calls the same methods in the same order: they run
-// collectives.
+// Engine runs one rank's part of a ZeRO training step, and is the sink the backward pass
+// writes its gradient into (model.GradSink): as soon as the pass has written all of a bucket
+// of the flat space, the engine's communication goroutine reduces it — all-reduce at stages
+// 0–1 (in the last micro-batch of a step), reduce-scatter at stage 2 (in every micro-batch) —
+// while the pass goes on below (PyTorch DDP's bucketing, DeepSpeed's overlap_comm).
 //
-// Where the buffers live: the model's parameters, the stage 0-1 gradient and stage 2's
-// staging buckets are on the device; the master weights, the gradient shard the optimizer
-// reads and the optimizer state are on the device too without offload, and in host memory
-// with offload, where the optimizer step runs. On the CPU engine both are the same RAM, but
-// the transfers still happen (through offload.Stream) and are accounted apart, so the bytes
-// reported are the ones the GPU engine will place on each side.
+// The trainer calls, from one goroutine: BeginStep; per micro-batch BeginMicro, the model's
+// forward and backward (which call Cuts, Acquire and Release), EndMicro; then Reduce,
+// SumSquares and Step. Every rank calls them in the same order and the backward pass hands
+// pieces over in decreasing offset order, so every rank issues the same collectives in the
+// same order.
+//
+// Where the gradient lives: at stages 0–1 in one full buffer (the pass accumulates into it
+// across micro-batches); at stage 2 only in two bucket-sized staging buffers, which the pass
+// writes and the communication goroutine reduces and sums into this rank's gradient shard:
+// no full-size gradient exists anywhere in the process. Every large buffer is an
+// internal/arena block, outside the Go heap.
+//
+// With offload the master weights, the gradient shard the optimizer reads and the optimizer
+// state are in host memory, where the step runs; the transfers go through an offload.Stream.
+// On the CPU backend both sides are the same RAM, but the transfers and the accounting
+// (Memory) are the ones a GPU uses.
 type Engine struct {
 	cfg         Config
 	offload     bool
@@ -52,14 +69,15 @@ type Engine struct {
 	ownStream   bool
 	layout      *Layout
 	lo, hi      int // this rank's shard; [0, n) at stage 0
+	blocks      []*arena.Block
 
-	params []float32 // full working parameters (the model's), on the device
+	params []float32 // full working parameters (the model's)
 	// master is the fp32 master copy the optimizer updates: stage 0 all of it, stages 1-2 the
 	// shard. Training in fp32 without offload it is (a view of) params itself: no second copy.
 	master []float32
 	opt    offload.Optimizer
 
-	// grads: stages 0-1 the full gradient accumulated over micro-batches (device); nil at 2.
+	// grads: stages 0-1 the full gradient accumulated over micro-batches; nil at stage 2.
 	grads []float32
 	// hgrads: with offload at stages 0-1, the host copy of this rank's part of the reduced
 	// gradient, which the host optimizer reads.
@@ -70,19 +88,42 @@ type Engine struct {
 	// staging: with offload and fp16/bf16, the host buffer the updated shard is rounded into
 	// before it is copied to the device parameters.
 	staging []float32
-	// buckets: stage 2's staging buffers for one reduce bucket each; the model's gradient
-	// streams through them, so no full-size gradient buffer is held. With offload there are
-	// two, so one bucket's transfer to the host overlaps the next bucket's reduction.
-	buckets        [][]float32
-	tickets        []offload.Ticket
+
 	reduce, gather []Bucket
-	bi, cur        int             // stage 2: current reduce bucket and staging buffer
-	microCtx       context.Context // stage 2: context of the collectives the sink triggers
-	microErr       error
-	scalar         [2]float32
+	cuts           []int      // reduce buckets' starts (Cuts)
+	want           []int      // per reduce bucket: gradient elements the pass writes
+	holes          [][][2]int // per reduce bucket: the gaps between tensors, relative to Lo
+
+	// The step in progress (trainer goroutine only).
+	microCtx     context.Context
+	first, last  bool
+	wrote        bool   // a piece was written this step (stages 0-1)
+	got          []int  // per bucket: elements released in this micro-batch
+	sent         []bool // per bucket: handed to the communication goroutine
+	slot         []int  // stage 2, per bucket: its staging buffer, -1 for none yet
+	bufs         [][]float32
+	free         chan int // stage 2: staging buffers not in use
+	scalar       [2]float32
+	maxBucketLen int
+
+	// The communication goroutine.
+	jobs     chan commJob
+	inflight sync.WaitGroup // jobs handed over and not done
+	stopped  sync.WaitGroup
+	closed   bool
+	errMu    sync.Mutex
+	commErr  error // the first failure; later jobs are skipped
 }
 
-// NewEngine allocates a rank's buffers and optimizer for its shard.
+// commJob is one bucket for the communication goroutine.
+type commJob struct {
+	ctx    context.Context
+	bucket int
+	slot   int // stage 2: the staging buffer holding it
+}
+
+// NewEngine allocates a rank's buffers and optimizer for its shard and starts its
+// communication goroutine (Close stops it).
 func NewEngine(o Options) (*Engine, error) {
 	if err := o.Config.Validate(); err != nil {
 		return nil, fmt.Errorf("zero_optimization.%w", err)
@@ -99,45 +140,62 @@ func NewEngine(o Options) (*Engine, error) {
 	if e.layout, err = NewLayout(n, e.world); err != nil {
 		return nil, err
 	}
-	if e.reduce, err = e.layout.Buckets(int(min(o.Config.ReduceBucketSize, int64(max(n, 1))))); err != nil {
+	reduceElems, gatherElems := o.Config.ResolveBuckets(n, e.world)
+	if e.reduce, err = e.layout.BucketsAt(reduceElems, o.Extents); err != nil {
 		return nil, err
 	}
-	if e.gather, err = e.layout.Buckets(int(min(o.Config.AllgatherBucketSize, int64(max(n, 1))))); err != nil {
+	if e.gather, err = e.layout.Buckets(gatherElems); err != nil {
 		return nil, err
 	}
+	e.planBuckets(o.Extents)
 	e.lo, e.hi = 0, n
 	if o.Config.Stage >= 1 {
 		e.lo, e.hi = e.layout.Shard(e.rank)
 	}
+	ok := false
+	defer func() {
+		if !ok {
+			e.Close()
+		}
+	}()
 	if o.Format == half.FP32 && !e.offload {
 		e.master = o.Params[e.lo:e.hi]
 	} else {
-		e.master = make([]float32, e.hi-e.lo)
+		if e.master, err = e.alloc(e.hi-e.lo, arena.Master); err != nil {
+			return nil, err
+		}
 		copy(e.master, o.Params[e.lo:e.hi])
 	}
 	if o.Config.Stage == 2 {
-		e.gshard = make([]float32, e.hi-e.lo)
-		maxBucket := 0
-		for _, b := range e.reduce {
-			maxBucket = max(maxBucket, b.Hi-b.Lo)
+		if e.gshard, err = e.alloc(e.hi-e.lo, arena.Grads); err != nil {
+			return nil, err
 		}
-		nb := 1
-		if e.offload {
-			nb = 2
+		// Two staging buffers: the pass writes one bucket while the other is on the wire.
+		const nbufs = 2
+		e.free = make(chan int, nbufs)
+		for i := range nbufs {
+			b, err := e.alloc(e.maxBucketLen, arena.Buffers)
+			if err != nil {
+				return nil, err
+			}
+			e.bufs = append(e.bufs, b)
+			e.free <- i
 		}
-		for range nb {
-			e.buckets = append(e.buckets, make([]float32, maxBucket))
-		}
-		e.tickets = make([]offload.Ticket, nb)
 	} else {
-		e.grads = make([]float32, n)
+		if e.grads, err = e.alloc(n, arena.Grads); err != nil {
+			return nil, err
+		}
 		if e.offload {
-			e.hgrads = make([]float32, e.hi-e.lo)
+			if e.hgrads, err = e.alloc(e.hi-e.lo, arena.Grads); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if e.offload {
 		if o.Format != half.FP32 {
-			e.staging = make([]float32, e.hi-e.lo)
+			if e.staging, err = e.alloc(e.hi-e.lo, arena.Buffers); err != nil {
+				return nil, err
+			}
 		}
 		e.stream = o.Stream
 		if e.stream == nil {
@@ -145,16 +203,78 @@ func NewEngine(o Options) (*Engine, error) {
 		}
 	}
 	if e.opt, err = offload.NewWithPool(o.Optimizer, e.hi-e.lo, o.Pool); err != nil {
-		e.Close()
 		return nil, fmt.Errorf("optimizer: %w", err)
 	}
+	e.jobs = make(chan commJob, len(e.reduce))
+	e.stopped.Add(1)
+	go e.communicate()
 	e.writeShard()
+	ok = true
 	return e, nil
 }
 
-// Close stops the optimizer and the engine's own stream (not the pool, the communicator or a
-// stream passed in, which the caller owns).
+// alloc maps n zeroed float32s outside the Go heap, freed by Close.
+func (e *Engine) alloc(n int, c arena.Category) ([]float32, error) {
+	b, f, err := arena.Float32s(n, c)
+	if err != nil {
+		return nil, fmt.Errorf("zero: allocating %d elements of %s: %w", n, c, err)
+	}
+	if b != nil {
+		e.blocks = append(e.blocks, b)
+	}
+	if f == nil {
+		f = []float32{}
+	}
+	return f, nil
+}
+
+// planBuckets records, per reduce bucket, how many gradient elements the pass writes into it
+// and the gaps it leaves (alignment padding), which stay zero.
+func (e *Engine) planBuckets(ext []Extent) {
+	nb := len(e.reduce)
+	e.cuts = make([]int, nb)
+	e.want = make([]int, nb)
+	e.holes = make([][][2]int, nb)
+	e.got = make([]int, nb)
+	e.sent = make([]bool, nb)
+	e.slot = make([]int, nb)
+	if ext == nil {
+		ext = []Extent{{Off: 0, Size: e.layout.Size, Row: 1}}
+	}
+	sorted := append([]Extent(nil), ext...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Off < sorted[j].Off })
+	for i, b := range e.reduce {
+		e.cuts[i] = b.Lo
+		e.maxBucketLen = max(e.maxBucketLen, b.Hi-b.Lo)
+		at := b.Lo
+		for _, x := range sorted {
+			lo, hi, ok := Overlap(x.Off, x.Off+x.Size, b.Lo, b.Hi)
+			if !ok {
+				continue
+			}
+			if lo > at {
+				e.holes[i] = append(e.holes[i], [2]int{at - b.Lo, lo - b.Lo})
+			}
+			e.want[i] += hi - lo
+			at = hi
+		}
+		if at < b.Hi {
+			e.holes[i] = append(e.holes[i], [2]int{at - b.Lo, b.Hi - b.Lo})
+		}
+	}
+}
+
+// Close stops the communication goroutine and the optimizer, and frees the buffers (not the
+// pool, the communicator or a stream passed in, which the caller owns). Safe to call twice.
 func (e *Engine) Close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	if e.jobs != nil {
+		close(e.jobs)
+		e.stopped.Wait()
+	}
 	var err error
 	if e.opt != nil {
 		err = e.opt.Close()
@@ -162,6 +282,11 @@ func (e *Engine) Close() error {
 	if e.ownStream {
 		err = errors.Join(err, e.stream.Close())
 	}
+	for _, b := range e.blocks {
+		b.Free()
+	}
+	e.blocks = nil
+	e.grads, e.hgrads, e.gshard, e.staging, e.bufs = nil, nil, nil, nil, nil
 	return err
 }
 
@@ -174,6 +299,9 @@ func (e *Engine) Offloaded() bool { return e.offload }
 // Layout is the partition of the flat space among the group.
 func (e *Engine) Layout() *Layout { return e.layout }
 
+// ReduceBuckets is the gradient's reduce buckets, ascending.
+func (e *Engine) ReduceBuckets() []Bucket { return e.reduce }
+
 // Shard is the range of the flat space whose master weights and optimizer state this rank
 // holds ([0, n) at stage 0).
 func (e *Engine) Shard() (lo, hi int) { return e.lo, e.hi }
@@ -184,11 +312,12 @@ func (e *Engine) Master() []float32 { return e.master }
 // Optimizer is the optimizer over the shard.
 func (e *Engine) Optimizer() offload.Optimizer { return e.opt }
 
-// BeginStep clears the gradient accumulation.
+// BeginStep starts a step's gradient: at stage 2 the shard is cleared (the stages 0-1 buffer
+// is overwritten by the step's first micro-batch instead).
 func (e *Engine) BeginStep() {
-	if e.grads != nil {
-		clear(e.grads)
-	}
+	e.inflight.Wait()
+	clear(e.sent)
+	e.wrote = false
 	if e.gshard != nil {
 		if e.stream != nil {
 			e.stream.Sync() // no transfer into the shard may still be running
@@ -197,144 +326,266 @@ func (e *Engine) BeginStep() {
 	}
 }
 
-// Micro is the buffer a model adds a micro-batch's gradient into (stages 0-1); nil at stage 2,
-// where the gradient streams through MicroSink instead.
-func (e *Engine) Micro() []float32 { return e.grads }
-
-// BeginMicro prepares for one micro-batch whose collectives (stage 2) run on ctx.
-func (e *Engine) BeginMicro(ctx context.Context) {
+// BeginMicro prepares for one micro-batch whose collectives run on ctx: first says no
+// micro-batch of this step has written a gradient yet (its pieces overwrite instead of add, at
+// stages 0-1), last that it is the step's last (whose buckets are all-reduced as they
+// complete, at stages 0-1; at stage 2 every micro-batch's are reduce-scattered).
+func (e *Engine) BeginMicro(ctx context.Context, first, last bool) {
+	e.microCtx, e.first, e.last = ctx, first, last
+	clear(e.got)
 	if e.cfg.Stage == 2 {
-		e.microCtx, e.microErr = ctx, nil
-		e.bi = 0
-		e.useBucket(0)
-	}
-}
-
-// useBucket makes staging buffer i current, once the transfer that last read it is done.
-func (e *Engine) useBucket(i int) {
-	e.cur = i
-	if e.stream != nil {
-		e.stream.Wait(e.tickets[i])
-	}
-	clear(e.buckets[i])
-}
-
-// MicroSink receives one tensor of the micro-batch's gradient at flat offset off, in
-// increasing offset order (stage 2). Whenever a bucket is complete it is reduce-scattered and
-// this rank's part added into its gradient shard.
-func (e *Engine) MicroSink(off int, g []float32) error {
-	if e.microErr != nil {
-		return e.microErr
-	}
-	for len(g) > 0 {
-		if e.bi >= len(e.reduce) {
-			e.microErr = fmt.Errorf("zero: gradient at flat offset %d is past the end of the %d-element space", off, e.layout.Size)
-			return e.microErr
+		clear(e.sent)
+		for i := range e.slot {
+			e.slot[i] = -1
 		}
-		b := e.reduce[e.bi]
-		if off >= b.Hi {
-			if e.microErr = e.flushBucket(); e.microErr != nil {
-				return e.microErr
-			}
+	}
+}
+
+// Cuts are where the reduce buckets begin (model.GradSink).
+func (e *Engine) Cuts() []int { return e.cuts }
+
+// bucketOf is the reduce bucket holding offset off.
+func (e *Engine) bucketOf(off int) int {
+	return sort.Search(len(e.cuts), func(i int) bool { return e.cuts[i] > off }) - 1
+}
+
+// piece checks [lo, hi) lies in one bucket and returns the bucket.
+func (e *Engine) piece(lo, hi int) (int, error) {
+	if lo < 0 || hi > e.layout.Size || lo >= hi {
+		return 0, fmt.Errorf("zero: gradient piece [%d, %d) outside the %d-element space", lo, hi, e.layout.Size)
+	}
+	b := e.bucketOf(lo)
+	if hi > e.reduce[b].Hi {
+		return 0, fmt.Errorf("zero: gradient piece [%d, %d) spans the bucket boundary at %d", lo, hi, e.reduce[b].Hi)
+	}
+	return b, nil
+}
+
+// Acquire returns the memory for gradient elements [lo, hi) (model.GradSink): the full
+// buffer at stages 0-1 (added to after the step's first micro-batch), a staging buffer at
+// stage 2 (always overwritten), waiting for one to come free if both are on the wire.
+func (e *Engine) Acquire(lo, hi int) ([]float32, bool, error) {
+	if err := e.err(); err != nil {
+		return nil, false, err
+	}
+	b, err := e.piece(lo, hi)
+	if err != nil {
+		return nil, false, err
+	}
+	if e.cfg.Stage < 2 {
+		e.wrote = true
+		return e.grads[lo:hi], !e.first, nil
+	}
+	if e.slot[b] < 0 {
+		e.takeSlot(b)
+		if err := e.err(); err != nil {
+			return nil, false, err
+		}
+	}
+	at := e.reduce[b].Lo
+	return e.bufs[e.slot[b]][lo-at : hi-at], false, nil
+}
+
+// takeSlot gives bucket b a staging buffer with its gaps zeroed.
+func (e *Engine) takeSlot(b int) {
+	s := <-e.free // the communication goroutine frees every buffer it takes, failed or not
+	e.slot[b] = s
+	buf := e.bufs[s]
+	for _, h := range e.holes[b] {
+		clear(buf[h[0]:h[1]])
+	}
+}
+
+// Release records that [lo, hi) is written; a bucket whose every element is written goes to
+// the communication goroutine (model.GradSink).
+func (e *Engine) Release(lo, hi int) error {
+	b, err := e.piece(lo, hi)
+	if err != nil {
+		return err
+	}
+	e.got[b] += hi - lo
+	if e.got[b] > e.want[b] {
+		return fmt.Errorf("zero: gradient bucket [%d, %d) written %d times its %d elements", e.reduce[b].Lo, e.reduce[b].Hi, e.got[b], e.want[b])
+	}
+	if e.got[b] == e.want[b] && e.dispatching() {
+		return e.dispatchFrom(b)
+	}
+	return nil
+}
+
+// dispatching says whether this micro-batch's buckets are reduced as they complete.
+func (e *Engine) dispatching() bool { return e.cfg.Stage == 2 || e.last }
+
+// dispatchFrom hands over bucket b and any above it not yet sent (empty ones: the pass
+// writes from the top, so every bucket above b is complete). Every rank hands its buckets
+// over in the same order, from the top.
+func (e *Engine) dispatchFrom(b int) error {
+	for i := len(e.reduce) - 1; i > b; i-- {
+		if e.sent[i] {
 			continue
 		}
-		if off < b.Lo {
-			e.microErr = fmt.Errorf("zero: gradient at flat offset %d arrived after bucket [%d, %d) began: tensors must come in offset order", off, b.Lo, b.Hi)
-			return e.microErr
+		if e.got[i] != e.want[i] {
+			return fmt.Errorf("zero: gradient bucket [%d, %d) is complete while [%d, %d) above it is not: pieces must come from the top",
+				e.reduce[b].Lo, e.reduce[b].Hi, e.reduce[i].Lo, e.reduce[i].Hi)
 		}
-		n := min(len(g), b.Hi-off)
-		copy(e.buckets[e.cur][off-b.Lo:], g[:n])
-		off, g = off+n, g[n:]
+		e.dispatch(i)
 	}
+	e.dispatch(b)
 	return nil
 }
 
-// EndMicro finishes the micro-batch: at stage 2 the remaining buckets are reduced (every
-// rank reduces every bucket, in order).
-func (e *Engine) EndMicro() error {
-	if e.cfg.Stage != 2 {
-		return nil
+// dispatch hands bucket b to the communication goroutine (zero-filled if the pass wrote none
+// of it: a rank whose micro-batch failed still takes part in the collectives).
+func (e *Engine) dispatch(b int) {
+	e.sent[b] = true
+	job := commJob{ctx: e.microCtx, bucket: b, slot: -1}
+	if e.cfg.Stage == 2 {
+		if e.slot[b] < 0 {
+			e.takeSlot(b)
+			clear(e.bufs[e.slot[b]][:e.reduce[b].Hi-e.reduce[b].Lo])
+		}
+		job.slot = e.slot[b]
 	}
-	for e.microErr == nil && e.bi < len(e.reduce) {
-		e.microErr = e.flushBucket()
-	}
-	return e.microErr
+	e.inflight.Add(1)
+	e.jobs <- job
 }
 
-// flushBucket reduce-scatters the current bucket and accumulates this rank's part into the
-// gradient shard — through the stream with offload, so the transfer overlaps what follows.
-func (e *Engine) flushBucket() error {
-	b := e.reduce[e.bi]
-	buf := e.buckets[e.cur][:b.Hi-b.Lo]
-	if e.world > 1 {
-		op := e.prepareReduce(buf)
-		if err := e.comm.ReduceScatter(e.microCtx, buf, b.Shards, op, collective.Call{Wire: e.format}); err != nil {
-			return fmt.Errorf("reduce-scatter of gradient bucket [%d, %d): %w", b.Lo, b.Hi, err)
+// EndMicro finishes the micro-batch's part (whether it ran or failed): at stage 2 — and at
+// stages 0-1 in the step's last micro-batch — every bucket not yet handed over goes now, so
+// that every rank issues the same collectives. It does not wait for them.
+func (e *Engine) EndMicro() error {
+	if !e.dispatching() {
+		return e.err()
+	}
+	if e.cfg.Stage < 2 && !e.wrote {
+		// No micro-batch of this rank ran: it adds nothing to the average.
+		clear(e.grads)
+	}
+	for b := len(e.reduce) - 1; b >= 0; b-- {
+		if !e.sent[b] {
+			e.dispatch(b)
 		}
 	}
-	mine := buf[b.Shards[e.rank]:b.Shards[e.rank+1]]
-	if len(mine) > 0 {
-		at := b.Lo + b.Shards[e.rank] - e.lo
-		dst := e.gshard[at : at+len(mine)]
-		switch {
-		case e.stream != nil:
-			// Offloaded, the shard is fp32 host memory (DeepSpeed's CPU accumulation).
-			e.tickets[e.cur] = e.stream.Accumulate(dst, mine)
-		default:
-			// On the device the shard is in the working precision, like the full gradient
-			// at stages 0-1, so every stage sums micro-batches with the same rounding and
-			// sees the same overflows.
-			vec.Add(dst, mine)
-			if e.format != half.FP32 {
-				vec.Round(dst, e.format)
+	return e.err()
+}
+
+// err is the communication goroutine's first failure.
+func (e *Engine) err() error {
+	e.errMu.Lock()
+	defer e.errMu.Unlock()
+	return e.commErr
+}
+
+func (e *Engine) fail(err error) {
+	e.errMu.Lock()
+	if e.commErr == nil {
+		e.commErr = err
+	}
+	e.errMu.Unlock()
+}
+
+// communicate is the communication goroutine: it reduces the buckets handed over, in order.
+// After a failure it skips the collectives but still releases the buckets' buffers.
+func (e *Engine) communicate() {
+	defer e.stopped.Done()
+	for j := range e.jobs {
+		if e.err() == nil {
+			if err := e.reduceBucket(j); err != nil {
+				e.fail(err)
 			}
 		}
-	}
-	e.bi++
-	if e.bi < len(e.reduce) {
-		e.useBucket((e.cur + 1) % len(e.buckets))
-	}
-	return nil
-}
-
-// prepareReduce returns the reduction to use on buf: the average, except that fp16 partial
-// sums of N ranks could overflow on the wire where their average would not, so fp16 gradients
-// are divided by N first and summed (DeepSpeed's gradient predivision).
-func (e *Engine) prepareReduce(buf []float32) collective.Op {
-	if e.format == half.FP16 {
-		e.pool.Scale(buf, 1/float32(e.world))
-		return collective.Sum
-	}
-	return collective.Avg
-}
-
-// Reduce averages the accumulated gradient across ranks (stages 0-1), bucket by bucket, in
-// the working precision. Every rank then holds identical gradient bits, so every rank makes
-// the same overflow and clipping decisions. With offload, each bucket's part of this rank's
-// shard is sent to the host as soon as it is reduced.
-func (e *Engine) Reduce(ctx context.Context) error {
-	if e.cfg.Stage == 2 {
-		if e.stream != nil {
-			e.stream.Sync() // the last buckets' transfers into the shard
+		if j.slot >= 0 {
+			e.free <- j.slot
 		}
-		return nil
+		e.inflight.Done()
 	}
-	for _, b := range e.reduce {
+}
+
+// reduceBucket runs one bucket's collective and files the result: in place in the full
+// gradient at stages 0-1 (with offload, this rank's part copied to the host), into the
+// gradient shard at stage 2.
+func (e *Engine) reduceBucket(j commJob) error {
+	b := e.reduce[j.bucket]
+	if e.cfg.Stage < 2 {
 		buf := e.grads[b.Lo:b.Hi]
 		if e.world > 1 {
 			op := e.prepareReduce(buf)
-			if err := e.comm.AllReduce(ctx, buf, op, collective.Call{Wire: e.format}); err != nil {
+			if err := e.comm.AllReduce(j.ctx, buf, op, collective.Call{Wire: e.format}); err != nil {
 				return fmt.Errorf("all-reduce of gradient bucket [%d, %d): %w", b.Lo, b.Hi, err)
 			}
 		}
 		if lo, hi, ok := Overlap(b.Lo, b.Hi, e.lo, e.hi); ok && e.hgrads != nil {
 			e.stream.Copy(e.hgrads[lo-e.lo:hi-e.lo], e.grads[lo:hi])
 		}
+		return nil
 	}
+	buf := e.bufs[j.slot][:b.Hi-b.Lo]
+	if e.world > 1 {
+		op := e.prepareReduce(buf)
+		if err := e.comm.ReduceScatter(j.ctx, buf, b.Shards, op, collective.Call{Wire: e.format}); err != nil {
+			return fmt.Errorf("reduce-scatter of gradient bucket [%d, %d): %w", b.Lo, b.Hi, err)
+		}
+	}
+	mine := buf[b.Shards[e.rank]:b.Shards[e.rank+1]]
+	if len(mine) == 0 {
+		return nil
+	}
+	at := b.Lo + b.Shards[e.rank] - e.lo
+	dst := e.gshard[at : at+len(mine)]
+	if e.stream != nil {
+		// Offloaded, the shard is fp32 host memory (DeepSpeed's CPU accumulation); the
+		// staging buffer is reused once the transfer has read it.
+		e.stream.Wait(e.stream.Accumulate(dst, mine))
+		return nil
+	}
+	// On the device the shard is in the working precision, like the full gradient at
+	// stages 0-1, so every stage sums micro-batches with the same rounding and sees the same
+	// overflows.
+	vec.Add(dst, mine)
+	if e.format != half.FP32 {
+		vec.Round(dst, e.format)
+	}
+	return nil
+}
+
+// prepareReduce returns the reduction to use on buf: the average, except that fp16 partial
+// sums of N ranks could overflow on the wire where their average would not, so fp16 gradients
+// are divided by N first and summed (DeepSpeed's gradient predivision). It runs on the
+// communication goroutine, beside the backward pass's use of the pool, so it does not use it.
+func (e *Engine) prepareReduce(buf []float32) collective.Op {
+	if e.format == half.FP16 {
+		vec.Scale(buf, 1/float32(e.world))
+		return collective.Sum
+	}
+	return collective.Avg
+}
+
+// Reduce waits for the step's gradient: every bucket reduced, and with offload on the host.
+// Every rank then holds identical gradient bits (stages 0-1) or its shard of them (stage 2),
+// so every rank makes the same overflow and clipping decisions.
+func (e *Engine) Reduce(ctx context.Context) error {
+	if e.cfg.Stage < 2 && !e.allSent() {
+		// The trainer did not mark a last micro-batch (or none ran): send what is left.
+		e.microCtx, e.last = ctx, true
+		if err := e.EndMicro(); err != nil {
+			e.inflight.Wait()
+			return err
+		}
+	}
+	e.inflight.Wait()
 	if e.stream != nil {
 		e.stream.Sync()
 	}
-	return nil
+	return e.err()
+}
+
+func (e *Engine) allSent() bool {
+	for _, s := range e.sent {
+		if !s {
+			return false
+		}
+	}
+	return true
 }
 
 // shardGrads is the gradient of this rank's shard after Reduce, where the optimizer reads it.
@@ -471,14 +722,15 @@ func (b Bytes) Total() int64 { return b.Params + b.Grads + b.Master + b.Optimize
 // Total sums both sides.
 func (m Memory) Total() int64 { return m.Device.Total() + m.Host.Total() }
 
-// Memory reports the bytes this rank's engine holds. The CPU engine stores every format in
-// float32, 4 bytes per element (the GPU engine stores fp16/bf16 in 2).
+// Memory reports the bytes this rank's engine holds. The engine's host buffers store every
+// format in float32, 4 bytes per element (the model's own half-precision copies are the
+// compute engine's to report).
 func (e *Engine) Memory() Memory {
 	const f32 = 4
 	var m Memory
 	m.Device.Params = int64(len(e.params)) * f32
 	m.Device.Grads = int64(len(e.grads)) * f32
-	for _, b := range e.buckets {
+	for _, b := range e.bufs {
 		m.Device.Buffers += int64(len(b)) * f32
 	}
 	side := &m.Device

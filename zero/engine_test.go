@@ -37,6 +37,63 @@ func ring(t *testing.T, n int) []collective.Communicator {
 // grad is rank r's gradient element i of micro-batch j: exact in fp32 sums of a few terms.
 func grad(r, j, i int) float32 { return float32((i*7+r*3+j*5)%17-8) / 16 }
 
+// testExtents are three "tensors" over n elements: a first one produced whole, a gap of two
+// padding elements, one produced element by element, and a last one produced whole.
+func testExtents(n int) []Extent {
+	if n < 20 {
+		return []Extent{{Off: 0, Size: n, Row: 1}}
+	}
+	a, b := n/3, 2*n/3
+	return []Extent{{Off: 0, Size: a, Row: a}, {Off: a + 2, Size: b - a - 2, Row: 1}, {Off: b, Size: n - b, Row: n - b}}
+}
+
+// inExtent reports whether offset i is a gradient element (not padding).
+func inExtent(ext []Extent, i int) bool {
+	for _, x := range ext {
+		if i >= x.Off && i < x.Off+x.Size {
+			return true
+		}
+	}
+	return false
+}
+
+// backward hands g to e as a backward pass would: each extent from the top, in pieces
+// between e's cuts, highest first.
+func backward(e *Engine, g []float32, ext []Extent) error {
+	if ext == nil {
+		ext = []Extent{{Off: 0, Size: len(g), Row: 1}}
+	}
+	cuts := e.Cuts()
+	for k := len(ext) - 1; k >= 0; k-- {
+		x := ext[k]
+		hi := x.Off + x.Size
+		for hi > x.Off {
+			lo := x.Off
+			for _, c := range cuts {
+				if c > lo && c < hi {
+					lo = c // the highest cut below hi
+				}
+			}
+			dst, acc, err := e.Acquire(lo, hi)
+			if err != nil {
+				return err
+			}
+			if acc {
+				for i := range dst {
+					dst[i] += g[lo+i]
+				}
+			} else {
+				copy(dst, g[lo:hi])
+			}
+			if err := e.Release(lo, hi); err != nil {
+				return err
+			}
+			hi = lo
+		}
+	}
+	return nil
+}
+
 // TestEngineStep drives engines by hand through two steps of two micro-batches with plain SGD
 // and checks every rank's parameters against the arithmetic: p -= lr · mean over ranks of the
 // summed micro-batch gradients. Sizes and world sizes include empty shards (more ranks than
@@ -65,7 +122,7 @@ func TestEngineStep(t *testing.T) {
 								params[r][i] = float32(i%5) - 2
 							}
 							e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: lr}, Params: params[r],
-								Format: half.FP32, Comm: comms[r], Pool: pool})
+								Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n)})
 							if err != nil {
 								t.Fatal(err)
 							}
@@ -76,8 +133,12 @@ func TestEngineStep(t *testing.T) {
 						for i := range want {
 							want[i] = float32(i%5) - 2
 						}
+						ext := testExtents(n)
 						for s := 0; s < steps; s++ {
 							for i := range want {
+								if !inExtent(ext, i) {
+									continue
+								}
 								var sum float32
 								for r := range world {
 									for j := range micro {
@@ -119,24 +180,15 @@ func step(e *Engine, r, s, micro int, lr float32) error {
 	ctx := context.Background()
 	e.BeginStep()
 	n := e.layout.Size
+	ext := testExtents(n)
 	g := make([]float32, n)
 	for j := range micro {
 		for i := range g {
 			g[i] = grad(r, j+s, i)
 		}
-		if m := e.Micro(); m != nil {
-			for i := range m {
-				m[i] += g[i]
-			}
-			continue
-		}
-		e.BeginMicro(ctx)
-		// Three "tensors" of uneven sizes, in offset order.
-		cuts := []int{0, n / 3, n / 3 * 2, n}
-		for k := 0; k < 3; k++ {
-			if err := e.MicroSink(cuts[k], g[cuts[k]:cuts[k+1]]); err != nil {
-				return err
-			}
+		e.BeginMicro(ctx, j == 0, j == micro-1)
+		if err := backward(e, g, ext); err != nil {
+			return err
 		}
 		if err := e.EndMicro(); err != nil {
 			return err
@@ -189,17 +241,12 @@ func TestEngineSumSquares(t *testing.T) {
 					if poison && r == 1 {
 						g[57] = float32(math.Inf(1))
 					}
-					if m := e.Micro(); m != nil {
-						copy(m, g)
-					} else {
-						e.BeginMicro(ctx)
-						if err := e.MicroSink(0, g); err != nil {
-							errs[r] = err
-							return
-						}
-						if errs[r] = e.EndMicro(); errs[r] != nil {
-							return
-						}
+					e.BeginMicro(ctx, true, true)
+					if errs[r] = backward(e, g, nil); errs[r] != nil {
+						return
+					}
+					if errs[r] = e.EndMicro(); errs[r] != nil {
+						return
 					}
 					if errs[r] = e.Reduce(ctx); errs[r] != nil {
 						return
@@ -224,7 +271,8 @@ func TestEngineSumSquares(t *testing.T) {
 	}
 }
 
-// TestEngineSinkOrder: stage 2 refuses gradients out of offset order instead of mixing buckets.
+// TestEngineSinkOrder: a bucket completed while one above it is not (pieces out of order),
+// and a piece that spans a bucket boundary, are errors instead of mixed buckets.
 func TestEngineSinkOrder(t *testing.T) {
 	pool := offload.NewPool(1)
 	defer pool.Close()
@@ -236,12 +284,15 @@ func TestEngineSinkOrder(t *testing.T) {
 	}
 	defer e.Close()
 	e.BeginStep()
-	e.BeginMicro(context.Background())
-	if err := e.MicroSink(20, make([]float32, 5)); err != nil {
+	e.BeginMicro(context.Background(), true, true)
+	if _, _, err := e.Acquire(5, 15); err == nil {
+		t.Fatal("a piece spanning the cut at 10 was accepted")
+	}
+	if _, _, err := e.Acquire(0, 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.MicroSink(3, make([]float32, 5)); err == nil {
-		t.Fatal("a gradient before the current bucket was accepted")
+	if err := e.Release(0, 10); err == nil {
+		t.Fatal("bucket [0, 10) completed before the buckets above it")
 	}
 }
 
@@ -262,8 +313,8 @@ func TestEngineStepAllocs(t *testing.T) {
 	ctx := context.Background()
 	run := func() {
 		e.BeginStep()
-		e.BeginMicro(ctx)
-		if err := e.MicroSink(0, g); err != nil {
+		e.BeginMicro(ctx, true, true)
+		if err := backward(e, g, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := e.EndMicro(); err != nil {

@@ -25,7 +25,7 @@ type Spec struct {
 	// Quantized says the state is block-wise 8-bit (adam8bit, adamw8bit): a byte per element
 	// and a float32 scale per offload.QuantBlock elements of each buffer, instead of float32.
 	Quantized bool
-	// BucketElems is the reduce bucket size (stage 2 stages one or two buckets on the device).
+	// BucketElems is the reduce bucket size (stage 2 stages two buckets on the device).
 	BucketElems int
 }
 
@@ -85,11 +85,8 @@ func Estimate(s Spec) (Memory, error) {
 		m.Device.Grads = b * shard // accumulated in the working precision
 	}
 	if s.Stage == 2 {
-		buckets := int64(1)
-		if s.Offload {
-			buckets = 2
-		}
-		m.Device.Buffers = buckets * b * min(int64(s.BucketElems), n)
+		// Two staging buckets: the backward pass writes one while the other is on the wire.
+		m.Device.Buffers = 2 * b * min(int64(s.BucketElems), n)
 	}
 	if !s.FP32 || s.Offload {
 		side.Master = f32 * shard

@@ -71,10 +71,10 @@ func TestEstimateMatchesEngine(t *testing.T) {
 }
 
 // TestEstimatePaperFormulas: with 2-byte elements and Adam the estimate is the ZeRO paper's
-// model-state accounting (16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N), plus stage 2's staging bucket.
+// model-state accounting (16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N), plus stage 2's two staging buckets.
 func TestEstimatePaperFormulas(t *testing.T) {
 	const psi, n, bucket = 1 << 24, 8, 1 << 20
-	for stage, want := range []int64{16 * psi, 4*psi + 12*psi/n, 2*psi + 14*psi/n + 2*bucket} {
+	for stage, want := range []int64{16 * psi, 4*psi + 12*psi/n, 2*psi + 14*psi/n + 2*2*bucket} {
 		m, err := zero.Estimate(zero.Spec{Elems: psi, World: n, Stage: stage, ElemBytes: 2, StateElems: 2, BucketElems: bucket})
 		if err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/engine/cpu"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/memory"
@@ -125,8 +126,9 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 }
 
 // microProbe measures micro-batches on the engine the job trains with: the Go heap of the
-// gorgonia engine, or the GPU engine's device allocator (its peak over one forward/backward:
-// weights, gradient and activations), against that engine's budget.
+// gorgonia engine, or the native engine's device allocator (its peak over one
+// forward/backward: the activations and workspace, and on a GPU the weights and gradient),
+// against that engine's budget.
 type microProbe struct {
 	budget    int64
 	perSample func(spec *model.Spec, f half.Format) (int64, error)
@@ -135,18 +137,24 @@ type microProbe struct {
 }
 
 func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
-	if !cfg.Device.GPU() {
+	if cfg.Engine == configs.EngineGorgonia {
 		return &microProbe{budget: budgetFor(cfg, world), perSample: measureActivationBytes, at: probeMicro, close: func() {}}, nil
 	}
-	dev, err := engine.Open(cfg.Device, localRank(0))
-	if err != nil {
-		return nil, err
+	var dev engine.Device
+	if cfg.Device.GPU() {
+		d, err := engine.Open(cfg.Device, localRank(0))
+		if err != nil {
+			return nil, err
+		}
+		dev = d
+	} else {
+		dev = cpu.New(cpu.Options{Threads: cfg.Train.Threads, Limit: uint64(cfg.Memory.Limit)})
 	}
 	alloc := engine.NewAllocator(dev)
 	p := &microProbe{close: func() { alloc.Close(); dev.Close() }}
 	// The device's memory, shared by the workers that may share it (all of them, at worst,
-	// as with qvd launch on one GPU); a device that does not say (the reference) uses the
-	// host's figure.
+	// as with qvd launch on one GPU); a device that does not say (the CPU backend without
+	// memory.limit, the reference) uses the host's figure.
 	p.budget = int64(dev.TotalMemory()) / int64(world)
 	if p.budget == 0 {
 		p.budget = budgetFor(cfg, world)
@@ -174,8 +182,9 @@ func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
 	return p, nil
 }
 
-// deviceAfterStep builds the GPU engine at micro and runs one forward/backward, returning
-// the allocator's peak: weights, gradient and the step's activations and workspace.
+// deviceAfterStep builds the native engine at micro and runs one forward/backward, returning
+// the allocator's peak: the step's activations and workspace (and on a GPU the weights and
+// gradient).
 func deviceAfterStep(alloc *engine.Allocator, spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
 	params := make([]float32, layout.Size)
 	model.Init(spec, layout, params, 1)
@@ -187,7 +196,7 @@ func deviceAfterStep(alloc *engine.Allocator, spec *model.Spec, layout *model.La
 	defer net.Close()
 	b := data.NewBatch(micro, 28*28)
 	b.N = micro
-	if _, err := net.ForwardBackward(b, 1, make([]float32, layout.Trainable())); err != nil {
+	if _, err := net.ForwardBackward(b, 1, model.FlatSink(make([]float32, layout.Trainable()))); err != nil {
 		return 0, err
 	}
 	return alloc.Stats().MaxAllocated, nil
@@ -214,7 +223,7 @@ func heapAfterStep(spec *model.Spec, layout *model.Layout, params, grads []float
 	defer net.Close()
 	b := data.NewBatch(micro, 28*28)
 	b.N = micro
-	if _, err := net.ForwardBackward(b, 1, grads); err != nil {
+	if _, err := net.ForwardBackward(b, 1, model.FlatSink(grads[layout.Frozen:])); err != nil {
 		return 0, err
 	}
 	used := heapInUse()

@@ -11,7 +11,10 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/engine/cpu"
+	"github.com/qvd/qvd/internal/blas"
 	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/offload"
 	"github.com/qvd/qvd/trainer"
 )
 
@@ -28,11 +31,13 @@ func localRank(rank int) int {
 	return rank
 }
 
-// engine is the model a worker trains, on the CPU or a GPU, with the rebuild function memory
-// adaptation calls and what must be closed at the end.
+// worker is the model a worker trains, on the CPU or a GPU, with the rebuild function memory
+// adaptation calls, the pool of goroutines that owns the cores (the engine's passes and the
+// optimizer's share it), and what must be closed at the end.
 type worker struct {
 	model   trainer.Model
 	rebuild func(micro int) (trainer.Model, error)
+	pool    *offload.Pool
 	closers []func()
 	device  string
 }
@@ -43,19 +48,29 @@ func (e *worker) Close() {
 	}
 }
 
-// newEngine builds the model cfg.Device selects over params.
+// newEngine builds the model cfg.Engine and cfg.Device select over params.
 func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, params []float32, rank int, log *zap.Logger) (*worker, error) {
 	e := &worker{}
-	if !cfg.Device.GPU() {
+	threads := cfg.Train.Threads
+	if cfg.Optimizer.Threads > 0 {
+		threads = cfg.Optimizer.Threads
+	}
+	e.pool = offload.NewPool(threads)
+	e.closers = append(e.closers, func() { e.pool.Close() })
+	if cfg.Engine == configs.EngineGorgonia {
+		if cfg.Train.Threads > 0 {
+			blas.SetThreads(cfg.Train.Threads)
+		}
 		opts := func(micro int) model.Options {
 			return model.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
 				Segments: cfg.Model.ActivationCheckpointing.Segments}
 		}
 		net, err := model.New(spec, layout, params, opts(cfg.Train.MicroBatch))
 		if err != nil {
+			e.Close()
 			return nil, err
 		}
-		e.model, e.device = net, "cpu"
+		e.model, e.device = net, "cpu (gorgonia engine)"
 		e.closers = append(e.closers, func() { net.Close() })
 		// The trainer closes the graphs it replaces; the last one is closed here.
 		e.rebuild = func(micro int) (trainer.Model, error) {
@@ -68,9 +83,16 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		}
 		return e, nil
 	}
-	dev, err := engine.Open(cfg.Device, localRank(rank))
-	if err != nil {
-		return nil, err
+	var dev engine.Device
+	if cfg.Device.GPU() {
+		d, err := engine.Open(cfg.Device, localRank(rank))
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		dev = d
+	} else {
+		dev = cpu.New(cpu.Options{Pool: e.pool, Limit: uint64(cfg.Memory.Limit)})
 	}
 	e.closers = append(e.closers, func() { dev.Close() })
 	alloc := engine.NewAllocator(dev)
@@ -94,7 +116,7 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		e.closers = append(e.closers, func() { n.Close() })
 		return n, nil
 	}
-	log.Info("GPU engine", zap.String("device", dev.Name()), zap.Int("local_rank", localRank(rank)),
+	log.Info("engine", zap.String("device", dev.Name()), zap.Int("local_rank", localRank(rank)),
 		zap.String("precision", cfg.Train.Precision))
 	return e, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/blas"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
@@ -43,6 +44,7 @@ type runFlags struct {
 	dataPath                string
 	transport               string
 	device                  string
+	engine                  string
 	zeroStage               int
 	checkpointEvery         int
 	offload                 string
@@ -70,7 +72,8 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.testSubset, "test-subset", 0, "evaluate on the first N test samples only (data.test_subset)")
 	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
 	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc, tcp or nccl (collective.transport)")
-	fs.StringVar(&f.device, "device", "", "engine: cpu, cuda (a qvd built with -tags cuda) or reference (the GPU engine on its plain-Go reference device) (device.type)")
+	fs.StringVar(&f.device, "device", "", "where the engine runs: cpu, cuda (a qvd built with -tags cuda) or reference (the plain-Go reference device) (device.type)")
+	fs.StringVar(&f.engine, "engine", "", "native (qvd's layer engine) or gorgonia (the gorgonia graphs, CPU only) (engine)")
 	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
 	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
@@ -131,6 +134,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Collective.Transport = f.transport
 		case "device":
 			cfg.Device.Type = f.device
+		case "engine":
+			cfg.Engine = f.engine
 		case "zero-stage":
 			cfg.Zero.Stage = f.zeroStage
 		case "checkpoint-every":
@@ -492,9 +497,6 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, fmt.Errorf("memory.%w", err)
 	}
 	defer mon.Close()
-	if cfg.Train.Threads > 0 {
-		blas.SetThreads(cfg.Train.Threads)
-	}
 	trainSet, testSet, err := data.Load(cfg.Data)
 	if err != nil {
 		return trainer.Result{}, err
@@ -509,7 +511,13 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, err
 	}
 	layout := model.NewLayoutFrozen(spec, frozen)
-	params := make([]float32, layout.Size)
+	// The parameters outside the Go heap (internal/arena): the collector neither scans nor
+	// counts them, and its headroom does not double them.
+	pblock, params, err := arena.Float32s(layout.Size, arena.Params)
+	if err != nil {
+		return trainer.Result{}, fmt.Errorf("placing the parameters: %w", err)
+	}
+	defer pblock.Free()
 	model.Init(spec, layout, params, cfg.Run.Seed)
 	eng, err := newEngine(cfg, spec, layout, params, j.rank, log)
 	if err != nil {
@@ -550,7 +558,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	setup := trainer.Setup{
 		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Zero: cfg.Zero, Checkpoint: cfg.Checkpoint,
-		Seed: cfg.Run.Seed, Model: eng.model, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
+		Seed: cfg.Run.Seed, Model: eng.model, Pool: eng.pool, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
 		Resume: from, ConfigSnapshot: cfg, Metrics: sink, Logger: log, Comm: j.comm,
 	}
 	if j.line != nil {

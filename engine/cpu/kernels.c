@@ -102,7 +102,9 @@ void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float 
 }
 
 MULTI void qvd_relu(float *y, const float *x, long n) {
-	for (long i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+	// x <= 0 is false for a NaN, which passes through (a diverged run must not look healthy),
+	// and -0 becomes +0, as max(x, 0) does.
+	for (long i = 0; i < n; i++) y[i] = x[i] <= 0 ? 0 : x[i];
 }
 
 MULTI void qvd_relu_grad(float *dx, const float *dy, const float *y, long n) {

@@ -62,11 +62,11 @@ func TestNetMatchesReference(t *testing.T) {
 				for i := 0; i < micro; i++ {
 					b.Y[i] = int32(rng.IntN(10))
 				}
-				lr, err := ref.ForwardBackward(b, 128, gr)
+				lr, err := ref.ForwardBackward(b, 128, model.FlatSink(gr))
 				if err != nil {
 					t.Fatal(err)
 				}
-				ld, err := net.ForwardBackward(b, 128, gd)
+				ld, err := net.ForwardBackward(b, 128, model.FlatSink(gd))
 				if err != nil {
 					t.Fatal(err)
 				}

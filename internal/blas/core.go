@@ -50,15 +50,17 @@ func CoreName() string { return C.GoString(C.openblas_get_corename()) }
 
 var selectOnce sync.Once
 
-// SelectCore picks the fastest kernels OpenBLAS has for this CPU and returns their core name.
+// SelectCore makes sure OpenBLAS runs AVX-512 kernels where the CPU has them, and returns the
+// core name whose kernels it runs.
 //
-// OpenBLAS 0.3.21 (Debian 12's) does not know AMD's AVX-512 CPUs (Zen 4 and 5) and falls
-// back to its Haswell (AVX2) kernels there; its SkylakeX kernels run on them correctly and,
-// measured on the 2-core development machine, twice as fast on the small GEMMs of a
-// training step (a 64×256×784 product: 60 GFLOP/s against 131, one thread). Where the CPU has
-// AVX-512 F, BW, DQ and VL, the AVX2 kernels were chosen and the user did not pick a core
-// with OPENBLAS_CORETYPE, SelectCore switches to SkylakeX. It runs once per process, before
-// the first GEMM of the engine; it must not run while another goroutine is in OpenBLAS.
+// OpenBLAS 0.3.21 (Debian 12's) can fall back to its Haswell (AVX2) or Zen kernels on AVX-512
+// CPUs it does not know; its SkylakeX kernels run on every CPU with AVX-512 F, BW, DQ and VL
+// and, measured on the 2-core development machine (AMD EPYC, AVX-512), twice as fast on the
+// small GEMMs of a training step (a 64×256×784 product: 60 GFLOP/s against 131, one thread).
+// So where the CPU has those and OpenBLAS chose Haswell or Zen by itself, SelectCore switches
+// to SkylakeX. A core the user chose with OPENBLAS_CORETYPE is kept as it is. It runs once per
+// process, before the first GEMM of the engine; it must not run while another goroutine is in
+// OpenBLAS.
 func SelectCore() string {
 	selectOnce.Do(func() {
 		if _, set := os.LookupEnv("OPENBLAS_CORETYPE"); set {
