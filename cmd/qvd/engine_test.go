@@ -6,12 +6,13 @@ import (
 	"testing"
 )
 
-// TestGPUEngineMatchesCPU trains the shipped MLP config for a few steps on the GPU engine
-// (over its plain-Go reference device: there is no GPU in CI) and on the CPU engine: the
-// weights must agree within float tolerance, in fp32 and, more loosely, in bf16 where the GPU
-// engine also keeps activations in half precision. On a GPU machine the same run with
+// TestEnginesMatch trains the shipped MLP config for a few steps with the native engine on
+// the CPU backend (the default), on the engine's plain-Go reference device (which runs the
+// GPU's code path: there is no GPU in CI) and with the gorgonia engine (the oracle): the
+// weights must agree within float tolerance, in fp32 and, more loosely, in bf16 where the
+// native engine keeps activations in half precision. On a GPU machine the same run with
 // --device cuda is in docs/gpu.md.
-func TestGPUEngineMatchesCPU(t *testing.T) {
+func TestEnginesMatch(t *testing.T) {
 	needDataset(t)
 	for _, tc := range []struct {
 		name, precision string
@@ -20,23 +21,29 @@ func TestGPUEngineMatchesCPU(t *testing.T) {
 	}{{"fp32", "fp32", nil, 1e-5}, {"bf16", "bf16", nil, 2e-3}, {"fp32-checkpointing", "fp32", []string{"--activation-checkpointing", "2"}, 1e-5}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dirs := map[string]string{}
-			for _, dev := range []string{"cpu", "reference"} {
-				out := filepath.Join(t.TempDir(), dev)
-				args := append([]string{"train", "-c", "../../configs/fashion-mlp.yaml", "--device", dev, "--out", out,
+			for _, e := range []struct{ name, flag, value, logs string }{
+				{"native-cpu", "--device", "cpu", `"device": "cpu (`},
+				{"native-reference", "--device", "reference", "host reference device"},
+				{"gorgonia", "--engine", "gorgonia", ""},
+			} {
+				out := filepath.Join(t.TempDir(), e.name)
+				args := append([]string{"train", "-c", "../../configs/fashion-mlp.yaml", e.flag, e.value, "--out", out,
 					"--max-steps", "20", "--train-subset", "4000", "--test-subset", "500", "--precision", tc.precision, "--quiet"}, tc.extra...)
 				code, stdout, stderr := runQVD(t, args...)
 				if code != exitOK {
-					t.Fatalf("--device %s: exit %d\n%s\n%s", dev, code, stdout, stderr)
+					t.Fatalf("%s: exit %d\n%s\n%s", e.name, code, stdout, stderr)
 				}
-				if dev == "reference" && !strings.Contains(stderr, "GPU engine") {
-					t.Errorf("--device reference did not log the GPU engine:\n%s", stderr)
+				if !strings.Contains(stderr, e.logs) {
+					t.Errorf("%s: the log does not say %q:\n%s", e.name, e.logs, stderr)
 				}
-				dirs[dev] = filepath.Join(out, "checkpoints")
+				dirs[e.name] = filepath.Join(out, "checkpoints")
 			}
-			d := maxDiff(t, readModel(t, dirs["cpu"]), readModel(t, dirs["reference"]))
-			t.Logf("%s: max |w_cpu - w_gpu| after 20 steps = %.3g", tc.precision, d)
-			if d > tc.tol {
-				t.Fatalf("weights differ by %.3g > %.3g", d, tc.tol)
+			for _, other := range []string{"native-reference", "gorgonia"} {
+				d := maxDiff(t, readModel(t, dirs["native-cpu"]), readModel(t, dirs[other]))
+				t.Logf("%s: max |w_native-cpu - w_%s| after 20 steps = %.3g", tc.precision, other, d)
+				if d > tc.tol {
+					t.Fatalf("weights differ from %s by %.3g > %.3g", other, d, tc.tol)
+				}
 			}
 		})
 	}

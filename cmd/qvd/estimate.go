@@ -197,7 +197,16 @@ func (in estimateInput) quantized() bool {
 
 func (in estimateInput) spec(stage int, offload bool, elemBytes int) zero.Spec {
 	return zero.Spec{Elems: in.elems, World: in.world, Stage: stage, Offload: offload, ElemBytes: elemBytes,
-		FP32: in.format() == half.FP32, StateElems: in.stateElems(), Quantized: in.quantized(), BucketElems: int(min(in.bucket, int64(max(in.elems, 1))))}
+		FP32: in.format() == half.FP32, StateElems: in.stateElems(), Quantized: in.quantized(), BucketElems: in.bucketElems()}
+}
+
+// bucketElems is the reduce bucket the engine will use: the config's, or the one it sizes
+// from the model and the world (zero_optimization.reduce_bucket_size 0).
+func (in estimateInput) bucketElems() int {
+	if in.bucket > 0 {
+		return int(min(in.bucket, int64(max(in.elems, 1))))
+	}
+	return zero.AutoBucketElems(in.elems, in.world)
 }
 
 // printTable prints both accountings for every stage and offload setting.
