@@ -158,11 +158,17 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 		d.pool.Run(g.plan(), 1, g)
 	}
 	if c.T != engine.F32 {
-		// Round the rows of C the product wrote (not the gaps between them).
-		for i := 0; i < m; i++ {
-			roundTo(C[i*ldc:i*ldc+n], c.T)
+		// Store the rows of C the product wrote, and only them: the scratch holds garbage in
+		// the gaps between rows (and past the last) unless beta made us load C.
+		if dst := d.u16(c); dst != nil {
+			if ldc == n {
+				encode(dst[:m*n], C[:m*n], c.T)
+			} else {
+				for i := 0; i < m; i++ {
+					encode(dst[i*ldc:i*ldc+n], C[i*ldc:i*ldc+n], c.T)
+				}
+			}
 		}
-		d.commit(c, C)
 	}
 	g.a, g.b, g.c = nil, nil, nil
 }

@@ -25,7 +25,7 @@ type halfScratch struct {
 // get returns slot i with at least n elements.
 func (h *halfScratch) get(i, n int) ([]float32, error) {
 	s := &h.slots[i]
-	if len(s.f) < n {
+	if len(s.f) < n || s.f == nil { // never nil, even for n 0: callers take nil for a failure
 		s.blk.Free()
 		s.blk, s.f = nil, nil
 		blk, f, err := arena.Float32s(max(n, 1024), arena.Activations)
