@@ -50,11 +50,14 @@ var (
 )
 
 // Tensor is a named F32 tensor. Data holds the elements in row-major order; a scalar has an
-// empty Shape and one element.
+// empty Shape and one element. For writing, Fill may produce the elements instead (Data nil):
+// it writes elements [off, off+len(dst)) of the row-major tensor into dst, so a tensor stored
+// in another order (a transposed weight) is written without a full-size copy.
 type Tensor struct {
 	Name  string
 	Shape []int
 	Data  []float32
+	Fill  func(dst []float32, off int)
 }
 
 // WriteSafetensors writes tensors, in the given order, and metadata (nil or empty for none)
@@ -76,7 +79,26 @@ func WriteSafetensors(w io.Writer, tensors []Tensor, metadata map[string]string)
 	// Convert through a fixed scratch buffer so writing a large model does not double its
 	// memory; 64 KiB amortises the per-Write cost of unbuffered writers.
 	var scratch [16 << 10 * 4]byte
+	var filled [16 << 10]float32
 	for _, t := range tensors {
+		if t.Fill != nil {
+			n := 1
+			for _, d := range t.Shape {
+				n *= d
+			}
+			for off := 0; off < n; {
+				k := min(n-off, len(filled))
+				t.Fill(filled[:k], off)
+				for i, v := range filled[:k] {
+					binary.LittleEndian.PutUint32(scratch[4*i:], math.Float32bits(v))
+				}
+				if _, err := w.Write(scratch[:4*k]); err != nil {
+					return fmt.Errorf("write safetensors tensor %q: %w", t.Name, err)
+				}
+				off += k
+			}
+			continue
+		}
 		for data := t.Data; len(data) > 0; {
 			n := min(len(data), len(scratch)/4)
 			for i, v := range data[:n] {
@@ -143,7 +165,10 @@ func encodeHeader(tensors []Tensor, metadata map[string]string) ([]byte, error) 
 		if err != nil {
 			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
-		if n != uint64(len(t.Data)) {
+		if t.Fill != nil && t.Data != nil {
+			return nil, fmt.Errorf("tensor %q: both Data and Fill are set", t.Name)
+		}
+		if t.Fill == nil && n != uint64(len(t.Data)) {
 			return nil, fmt.Errorf("tensor %q: shape %v holds %d elements but data has %d", t.Name, t.Shape, n, len(t.Data))
 		}
 		end := offset + 4*n // cannot overflow: n is the length of a slice in memory

@@ -534,3 +534,30 @@ func TestWriteSafetensorsWriterError(t *testing.T) {
 		}
 	}
 }
+
+// TestSafetensorsFill: a tensor produced by Fill (in pieces, from a larger tensor than the
+// writer's scratch) writes the same bytes as the same tensor given as Data; both set is an
+// error.
+func TestSafetensorsFill(t *testing.T) {
+	const n = 40_000 // more than the writer's 16 Ki-element scratch: several Fill calls
+	data := make([]float32, n)
+	for i := range data {
+		data[i] = float32(i) * 0.5
+	}
+	calls := 0
+	filled := Tensor{Name: "w", Shape: []int{200, 200}, Fill: func(dst []float32, off int) {
+		calls++
+		copy(dst, data[off:])
+	}}
+	plain := Tensor{Name: "w", Shape: []int{200, 200}, Data: data}
+	if a, b := encode(t, []Tensor{filled}, nil), encode(t, []Tensor{plain}, nil); !bytes.Equal(a, b) {
+		t.Fatal("Fill wrote other bytes than Data")
+	}
+	if calls < 3 {
+		t.Fatalf("Fill called %d times for %d elements", calls, n)
+	}
+	filled.Data = data
+	if err := WriteSafetensors(io.Discard, []Tensor{filled}, nil); err == nil || !strings.Contains(err.Error(), "both Data and Fill") {
+		t.Fatalf("Data and Fill both set: %v", err)
+	}
+}

@@ -36,6 +36,11 @@ type Config struct {
 	TrainSubset int `yaml:"train_subset" json:"train_subset"`
 	// TestSubset uses only the first N test samples (0 = all).
 	TestSubset int `yaml:"test_subset" json:"test_subset"`
+	// Cache is where gzip-compressed image files are decompressed once, so that every run and
+	// every rank on the host maps the same copy instead of holding its own in memory; ""
+	// (the default) is the user's cache directory ($XDG_CACHE_HOME/qvd/datasets), "none" reads
+	// the images into memory. Raw IDX files are mapped where they are. Subsets are read.
+	Cache string `yaml:"cache" json:"cache"`
 	// Prefetch is how many training micro-batches a goroutine normalises ahead of the step,
 	// so filling overlaps compute (0 = fill each one in the step; at most MaxPrefetch). The
 	// batches are the same either way; the queue costs Prefetch+1 micro-batches of float32.

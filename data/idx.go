@@ -121,40 +121,10 @@ func readIDX(r io.Reader, size, isize int64, magic uint32, keep int) (dims []int
 		src, size = zr, -1 // the decompressed size is unknown until the end
 	}
 
-	// The magic is checked before the dimensions are read, so a file of the wrong kind is
-	// reported as such rather than as a truncated header.
-	ndims := int(magic & 0xff)
-	var hdr [4 + 4*3]byte
-	hlen := 4 + 4*ndims
-	if _, err := io.ReadFull(src, hdr[:4]); err != nil {
-		return nil, nil, classify(err, "IDX header")
+	dims, hlen, want, err := readHeader(src, magic)
+	if err != nil {
+		return nil, nil, err
 	}
-	if got := binary.BigEndian.Uint32(hdr[:4]); got != magic {
-		return nil, nil, fmt.Errorf("%w: bad magic %#08x (%s), want %#08x (%s)", ErrCorrupt, got, describeMagic(got), magic, describeMagic(magic))
-	}
-	if _, err := io.ReadFull(src, hdr[4:hlen]); err != nil {
-		return nil, nil, classify(err, "IDX header")
-	}
-	dims = make([]int, ndims)
-	total := uint64(1)
-	for i := range dims {
-		d := binary.BigEndian.Uint32(hdr[4+4*i:])
-		limit := uint32(MaxIDXSide)
-		if i == 0 {
-			limit = MaxIDXSamples
-		} else if d == 0 {
-			return nil, nil, fmt.Errorf("%w: dimension %d is zero", ErrCorrupt, i)
-		}
-		if d > limit {
-			return nil, nil, fmt.Errorf("%w: dimension %d is %d, more than the limit %d", ErrCorrupt, i, d, limit)
-		}
-		dims[i] = int(d)
-		total *= uint64(d) // at most 2^24 * 2^12 * 2^12: no overflow
-	}
-	if total > MaxIDXBytes {
-		return nil, nil, fmt.Errorf("%w: header declares %d bytes of data, more than the limit %d", ErrCorrupt, total, MaxIDXBytes)
-	}
-	want := int(total)
 	if size >= 0 && size-int64(hlen) != int64(want) {
 		return nil, nil, fmt.Errorf("%w: header dimensions %v need %d bytes of data, the file holds %d", ErrCorrupt, dims, want, size-int64(hlen))
 	}
@@ -193,6 +163,45 @@ func readIDX(r io.Reader, size, isize int64, magic uint32, keep int) (dims []int
 		return nil, nil, classify(err, "end of data")
 	}
 	return dims, payload, nil
+}
+
+// readHeader reads and checks an IDX header with the given magic from src: the dimensions,
+// the header's length and the payload's, within the sanity limits.
+func readHeader(src io.Reader, magic uint32) (dims []int, hlen, want int, err error) {
+	// The magic is checked before the dimensions are read, so a file of the wrong kind is
+	// reported as such rather than as a truncated header.
+	ndims := int(magic & 0xff)
+	var hdr [4 + 4*3]byte
+	hlen = 4 + 4*ndims
+	if _, err := io.ReadFull(src, hdr[:4]); err != nil {
+		return nil, 0, 0, classify(err, "IDX header")
+	}
+	if got := binary.BigEndian.Uint32(hdr[:4]); got != magic {
+		return nil, 0, 0, fmt.Errorf("%w: bad magic %#08x (%s), want %#08x (%s)", ErrCorrupt, got, describeMagic(got), magic, describeMagic(magic))
+	}
+	if _, err := io.ReadFull(src, hdr[4:hlen]); err != nil {
+		return nil, 0, 0, classify(err, "IDX header")
+	}
+	dims = make([]int, ndims)
+	total := uint64(1)
+	for i := range dims {
+		d := binary.BigEndian.Uint32(hdr[4+4*i:])
+		limit := uint32(MaxIDXSide)
+		if i == 0 {
+			limit = MaxIDXSamples
+		} else if d == 0 {
+			return nil, 0, 0, fmt.Errorf("%w: dimension %d is zero", ErrCorrupt, i)
+		}
+		if d > limit {
+			return nil, 0, 0, fmt.Errorf("%w: dimension %d is %d, more than the limit %d", ErrCorrupt, i, d, limit)
+		}
+		dims[i] = int(d)
+		total *= uint64(d) // at most 2^24 * 2^12 * 2^12: no overflow
+	}
+	if total > MaxIDXBytes {
+		return nil, 0, 0, fmt.Errorf("%w: header declares %d bytes of data, more than the limit %d", ErrCorrupt, total, MaxIDXBytes)
+	}
+	return dims, hlen, int(total), nil
 }
 
 // readPayload reads exactly n bytes from a stream of unknown length. It grows its buffer as

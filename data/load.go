@@ -26,7 +26,10 @@ type Dataset struct {
 	N, C, H, W int     // samples, channels (1), rows, columns
 	Classes    int     // number of label classes (10)
 	Images     []uint8 // N*C*H*W pixels, row-major, sample after sample
-	Labels     []uint8 // N labels, each < Classes
+	// Mapped is the file Images is a read-only mapping of ("" when they were read into
+	// memory): the IDX file, or its decompressed copy in the cache (see mapped.go).
+	Mapped string
+	Labels []uint8 // N labels, each < Classes
 }
 
 // SampleSize is the number of values in one sample: C*H*W.
@@ -58,7 +61,19 @@ func loadSplit(cfg Config, split, imagesFile, labelsFile string, subset int, sub
 	// but never held, so a subset costs its own size and not the file's. The labels are a
 	// byte per sample and are all read and checked.
 	imagesPath := locate(cfg.Path, imagesFile)
-	dims, pix, err := readIDXFile(imagesPath, MagicIDXImages, subset)
+	var dims []int
+	var pix []byte
+	var mapped string
+	err := errNoMap
+	if cfg.Cache != CacheNone && subset == 0 {
+		dims, pix, mapped, err = mapImages(cfg, imagesPath)
+	}
+	if errors.Is(err, errNoMap) {
+		// No mapping (a subset, data.cache: none, or no cache directory to decompress
+		// into): read the pixels into memory.
+		mapped = ""
+		dims, pix, err = readIDXFile(imagesPath, MagicIDXImages, subset)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("data: %s images: %w", split, withHint(err, cfg))
 	}
@@ -89,7 +104,7 @@ func loadSplit(cfg Config, split, imagesFile, labelsFile string, subset int, sub
 	}
 	return &Dataset{
 		Name: cfg.Dataset, N: n, C: 1, H: dims[1], W: dims[2], Classes: NumClasses,
-		Images: pix, Labels: labels,
+		Images: pix, Labels: labels, Mapped: mapped,
 	}, nil
 }
 

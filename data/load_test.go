@@ -40,6 +40,7 @@ func synthDir(t testing.TB) string {
 func synthConfig(dir string) Config {
 	cfg := DefaultConfig()
 	cfg.Path = dir
+	cfg.Cache = filepath.Join(dir, "cache")
 	return cfg
 }
 

@@ -202,8 +202,9 @@ type Device interface {
 	// UnscaleCheck multiplies g by s in place and sets found (F32, one element) to 1 if any
 	// element of g is Inf or NaN (it never clears found): the loss scaler's check in one pass.
 	UnscaleCheck(g, found Buf, s float32)
-	// SumSquares adds Σ g² into acc (F32, one element), accumulated in fp32 per block and
-	// fp64 nowhere: the global-norm for clipping.
+	// SumSquares adds Σ g² into acc (F32, one element): the global norm for clipping. How the
+	// partial sums are kept is the backend's (fp32 per block on CUDA, fp64 per chunk on the
+	// CPU); a non-finite element makes acc non-finite.
 	SumSquares(acc, g Buf)
 
 	// Sync waits for the queued work and returns the first error since the last Sync.

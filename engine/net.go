@@ -795,17 +795,33 @@ func (n *Net) Evaluate(b *data.Batch) (model.EvalResult, error) {
 	}
 	p := &pass{n: n}
 	defer p.free()
-	_, logits := n.forward(p, b, b.N)
+	// Nothing is kept for a backward pass: each layer's input goes back to the allocator as
+	// soon as the layer has run, so the evaluation batch (often larger than the micro-batch)
+	// holds about two layers' activations at a time.
+	st := make([]layerState, len(n.spec.Layers))
+	logits := n.input(p, b, b.N)
+	for i := range n.spec.Layers {
+		if p.err != nil {
+			break
+		}
+		logits = n.forwardRange(p, st, logits, i, i+1, b.N)
+		p.release(0, logits)
+	}
 	if p.err != nil {
-		return model.EvalResult{}, fmt.Errorf("gpu: evaluation forward: %w", p.err)
+		return model.EvalResult{}, fmt.Errorf("engine: evaluation forward: %w", p.err)
 	}
 	classes := n.spec.Classes
 	z := make([]float32, b.N*classes)
 	if err := n.dev.Download(z, logits); err != nil {
-		return model.EvalResult{}, fmt.Errorf("gpu: evaluation forward: %w", err)
+		return model.EvalResult{}, fmt.Errorf("engine: evaluation forward: %w", err)
 	}
 	return model.Score(z, b.Y, b.N, classes)
 }
+
+// ReleaseCache gives the allocator's cached blocks back to the device (the OS, on the CPU):
+// the trainer calls it after an evaluation, whose batch-sized blocks the training steps
+// would not reuse (torch.cuda.empty_cache after validation, done for the user).
+func (n *Net) ReleaseCache() { n.alloc.EmptyCache() }
 
 func prod(s []int) int {
 	p := 1

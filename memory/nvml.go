@@ -4,6 +4,8 @@ package memory
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -12,7 +14,23 @@ import (
 // OpenNVML returns the GPUs' memory through NVML (libnvidia-ml, loaded at run time), or
 // NoDevices saying why not — no driver, no GPU — so a machine without one needs nothing.
 // Close the result (it implements io.Closer when NVML started) to shut NVML down.
-func OpenNVML() DeviceSource { return openNVML(nvml.New()) }
+func OpenNVML() DeviceSource {
+	if !driverPresent() {
+		return NoDevices{Reason: "no NVIDIA driver on this machine (no /proc/driver/nvidia, no /dev/nvidia*): NVML not loaded"}
+	}
+	return openNVML(nvml.New())
+}
+
+// driverPresent reports whether an NVIDIA kernel driver is visible: its /proc entry, or a
+// device node (a container given GPUs sees those). Loading libnvidia-ml costs about 12 MiB
+// of resident memory even where it then finds no driver, so a CPU machine never loads it.
+func driverPresent() bool {
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		return true
+	}
+	nodes, _ := filepath.Glob("/dev/nvidia[0-9]*")
+	return len(nodes) > 0
+}
 
 // nvmlSource reads the memory of count devices; the library stays initialised until Close.
 type nvmlSource struct {

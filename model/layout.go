@@ -128,6 +128,25 @@ func (l *Layout) Canonical(dst, flat []float32, t Tensor) {
 	}
 }
 
+// CanonicalAt writes elements [off, off+len(dst)) of tensor t, in its canonical shape, from
+// flat into dst: Canonical a piece at a time, for writers that stream a tensor.
+func (l *Layout) CanonicalAt(dst, flat []float32, t Tensor, off int) {
+	src := flat[t.Offset : t.Offset+t.Size]
+	if !t.Transposed {
+		copy(dst, src[off:])
+		return
+	}
+	rows := t.Shape[0] // canonical [out, in]; flat holds [in, out]
+	cols := t.Shape[1]
+	r, c := off/cols, off%cols
+	for i := range dst {
+		dst[i] = src[c*rows+r]
+		if c++; c == cols {
+			r, c = r+1, 0
+		}
+	}
+}
+
 // SetCanonical copies src, in t's canonical shape, into flat.
 func (l *Layout) SetCanonical(flat, src []float32, t Tensor) {
 	dst := flat[t.Offset : t.Offset+t.Size]

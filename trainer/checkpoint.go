@@ -258,11 +258,16 @@ func (t *Trainer) agree(cctx context.Context, werr error, phase string) error {
 
 // writeModel writes the full fp32 weights in the model's canonical (PyTorch) shapes.
 func (t *Trainer) writeModel(w io.Writer, full []float32) error {
+	// Tensors stored in their canonical order are written from the flat buffer itself, the
+	// transposed ones converted a piece at a time: no copy of the model is made.
 	tensors := make([]checkpoint.Tensor, len(t.layout.Tensors))
 	for i, ts := range t.layout.Tensors {
-		buf := make([]float32, ts.Size)
-		t.layout.Canonical(buf, full, ts)
-		tensors[i] = checkpoint.Tensor{Name: ts.Name, Shape: ts.Shape, Data: buf}
+		tensors[i] = checkpoint.Tensor{Name: ts.Name, Shape: ts.Shape}
+		if ts.Transposed {
+			tensors[i].Fill = func(dst []float32, off int) { t.layout.CanonicalAt(dst, full, ts, off) }
+		} else {
+			tensors[i].Data = full[ts.Offset : ts.Offset+ts.Size]
+		}
 	}
 	return checkpoint.WriteSafetensors(w, tensors, map[string]string{"format": "pt", "producer": "qvd"})
 }

@@ -80,7 +80,8 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 	}
 	t.setFrozen(t.initial[:t.layout.Frozen])
 	t.eng.SetMaster(t.initial[t.layout.Frozen:])
-	t.initial = nil
+	t.initialBlock.Free()
+	t.initial, t.initialBlock = nil, nil
 	if counters[10] == 1 {
 		if err := t.loadOptimizerState(ctx); err != nil {
 			return err

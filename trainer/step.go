@@ -211,6 +211,9 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 		sum.Correct += r.Correct
 		sum.N += r.N
 	}
+	if c, ok := t.model.(CacheReleaser); ok {
+		c.ReleaseCache()
+	}
 	tot := []float64{sum.LossSum, float64(sum.Correct), float64(sum.N)}
 	if err := t.reduceScalars(cctx, tot, collective.Sum); err != nil {
 		return fmt.Errorf("evaluation at step %d: reducing results: %w", t.step, err)
@@ -231,6 +234,13 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 		}
 	}
 	return nil
+}
+
+// CacheReleaser is a Model whose allocator caches blocks (the native engine): after an
+// evaluation the trainer has it give them back, since the training steps reuse none of the
+// evaluation batch's.
+type CacheReleaser interface {
+	ReleaseCache()
 }
 
 // ParamSyncer is a Model that computes with its own copy of Params (the GPU engine's device

@@ -16,6 +16,7 @@ import (
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/internal/metrics"
@@ -165,8 +166,11 @@ type Trainer struct {
 	// frozenMaster is the fp32 copy of the frozen prefix in fp16/bf16 runs (nil otherwise).
 	frozenMaster []float32
 	// initial holds the full fp32 weights to start from (the model's initialisation, or on
-	// rank 0 a checkpoint's) until Run has spread rank 0's copy to every rank.
-	initial []float32
+	// rank 0 a checkpoint's) until Run has spread rank 0's copy to every rank. In fp32 it is
+	// params itself (the working weights are exact); in fp16/bf16 a copy outside the Go heap,
+	// initialBlock, freed once spread.
+	initial      []float32
+	initialBlock *arena.Block
 	// resumed is rank 0's open checkpoint, read again in Run for the optimizer state.
 	resumed *resumeSource
 
@@ -280,7 +284,16 @@ func New(s Setup) (*Trainer, error) {
 	if len(t.params) != n {
 		return nil, fmt.Errorf("trainer: model params have %d elements, layout says %d", len(t.params), n)
 	}
-	t.initial = append([]float32(nil), t.params...)
+	if t.format == half.FP32 {
+		t.initial = t.params
+	} else {
+		blk, buf, err := arena.Float32s(n, arena.Master)
+		if err != nil {
+			return nil, fmt.Errorf("trainer: the initial weights: %w", err)
+		}
+		copy(buf, t.params)
+		t.initial, t.initialBlock = buf, blk
+	}
 	// Frozen tensors (model.Layout.Frozen) sit in a prefix of the flat buffer that the engine
 	// never sees: no gradient, optimizer state or communication. In fp16/bf16 their fp32
 	// values are kept for checkpoints, since the working copy is rounded.
@@ -335,6 +348,8 @@ func New(s Setup) (*Trainer, error) {
 // Close stops the optimizer's and the pool's goroutines; safe to call twice.
 func (t *Trainer) Close() error {
 	t.closePrefetch()
+	t.initialBlock.Free()
+	t.initialBlock, t.initial = nil, nil
 	if t.eng != nil {
 		t.eng.Close()
 	}

@@ -16,8 +16,9 @@ type Extent struct {
 // overlap and, at stage 2, stages a full-size gradient; PyTorch DDP uses 25 MB buckets.
 const (
 	// autoBuckets is how many buckets a model is cut into when it is small enough: enough
-	// that the first buckets are on the wire while most of the backward pass is still to run.
-	autoBuckets = 16
+	// that the first buckets are on the wire while most of the backward pass is still to run,
+	// and that stage 2's two staging buckets are a sixteenth of the gradient.
+	autoBuckets = 32
 	// autoMinPerRank is the least a bucket puts on the wire per rank per ring step (256 KiB
 	// of fp32): below it the collective's per-call latency dominates its bandwidth.
 	autoMinPerRank = 1 << 16
@@ -26,8 +27,8 @@ const (
 )
 
 // AutoBucketElems is the reduce bucket size qvd picks for a model of elems elements trained
-// by world ranks: a sixteenth of the model, at least 64 Ki elements per rank, at most 25 MB,
-// never more than the model.
+// by world ranks: a thirty-second of the model, at least 64 Ki elements per rank, at most
+// 25 MB, never more than the model.
 func AutoBucketElems(elems, world int) int {
 	b := (elems + autoBuckets - 1) / autoBuckets
 	b = max(b, autoMinPerRank*max(world, 1))

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/qvd/qvd/internal/memstat"
 	"io"
 	"net"
 	"os"
@@ -249,6 +250,9 @@ func runWorkers(ctx context.Context, workers []*launched, stdout, stderr io.Writ
 		}
 	}
 	relays.Wait()
+	if peaks := peakRSS(workers); peaks != "" {
+		fmt.Fprintf(stderr, "qvd launch: peak RSS (the kernel's high-water mark of each worker process): %s\n", peaks)
+	}
 	if failed != nil {
 		fmt.Fprintf(stderr, "qvd launch: rank %d failed (%v)", failed.w.rank, failed.err)
 		if len(failed.w.last) > 0 {
@@ -257,6 +261,21 @@ func runWorkers(ctx context.Context, workers []*launched, stdout, stderr io.Writ
 		fmt.Fprintln(stderr)
 	}
 	return code
+}
+
+// peakRSS lists the exited workers' resident-set high-water marks as the kernel measured
+// them (wait4's ru_maxrss), what a user's memory limit is up against: "rank 0 1.21 GiB, ...".
+func peakRSS(workers []*launched) string {
+	var parts []string
+	for _, w := range workers {
+		if w.cmd.ProcessState == nil {
+			continue
+		}
+		if ru, ok := w.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && ru.Maxrss > 0 {
+			parts = append(parts, fmt.Sprintf("rank %d %s", w.rank, memstat.FormatBytes(uint64(ru.Maxrss)<<10)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // freePort asks the kernel for a free TCP port on host. Another process could take it before
