@@ -24,7 +24,9 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if err := t.syncModel(); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
-	t.eng.BeginStep()
+	if err := t.eng.BeginStep(t.cfg.Accum); err != nil {
+		return false, fmt.Errorf("step %d: %w", t.step+1, err)
+	}
 	scale := 1.0
 	if t.scaler != nil {
 		scale = t.scaler.Scale()

@@ -314,7 +314,7 @@ func New(s Setup) (*Trainer, error) {
 	for _, x := range t.layout.Extents() {
 		ext = append(ext, zero.Extent{Off: x.Off, Size: x.Size, Row: x.Row})
 	}
-	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params[frozen:], Format: t.format, Comm: t.comm, Pool: t.pool, Extents: ext})
+	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params[frozen:], Format: t.format, Comm: t.comm, Pool: t.pool, Accum: cfg.Accum, Extents: ext})
 	if err != nil {
 		if t.ownPool {
 			t.pool.Close()

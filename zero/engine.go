@@ -30,6 +30,9 @@ type Options struct {
 	// Stream moves gradients to the host and parameters back when the optimizer is offloaded
 	// (Config.OffloadOptimizer.Device == "cpu"); nil makes the engine start a HostStream.
 	Stream offload.Stream
+	// Accum is the micro-batches per step the run starts with (BeginStep may change it): at
+	// stage 1 it says whether the gradient is partitioned (GradPartitioned).
+	Accum int
 	// Extents are the trainable tensors as the backward pass produces their gradients
 	// (model.Layout.Extents): reduce buckets begin only at tensor and row starts, so every
 	// piece the pass writes lies in one bucket. nil: buckets are cut anywhere.
@@ -88,6 +91,13 @@ type Engine struct {
 	// staging: with offload and fp16/bf16, the host buffer the updated shard is rounded into
 	// before it is copied to the device parameters.
 	staging []float32
+
+	// part says the step's gradient is partitioned (stage 2; stage 1 without accumulation):
+	// pieces go through the staging buffers and only this rank's shard of the reduced
+	// gradient is kept. Otherwise the whole gradient accumulates in grads.
+	part      bool
+	hostGrads bool // offload: the host copy of the shard (hgrads) at stages 0-1
+	gradBlks  []*arena.Block
 
 	reduce, gather []Bucket
 	cuts           []int      // reduce buckets' starts (Cuts)
@@ -166,30 +176,9 @@ func NewEngine(o Options) (*Engine, error) {
 		}
 		copy(e.master, o.Params[e.lo:e.hi])
 	}
-	if o.Config.Stage == 2 {
-		if e.gshard, err = e.alloc(e.hi-e.lo, arena.Grads); err != nil {
-			return nil, err
-		}
-		// Two staging buffers: the pass writes one bucket while the other is on the wire.
-		const nbufs = 2
-		e.free = make(chan int, nbufs)
-		for i := range nbufs {
-			b, err := e.alloc(e.maxBucketLen, arena.Buffers)
-			if err != nil {
-				return nil, err
-			}
-			e.bufs = append(e.bufs, b)
-			e.free <- i
-		}
-	} else {
-		if e.grads, err = e.alloc(n, arena.Grads); err != nil {
-			return nil, err
-		}
-		if e.offload {
-			if e.hgrads, err = e.alloc(e.hi-e.lo, arena.Grads); err != nil {
-				return nil, err
-			}
-		}
+	e.hostGrads = e.offload
+	if err := e.gradBuffers(GradPartitioned(o.Config.Stage, o.Accum)); err != nil {
+		return nil, err
 	}
 	if e.offload {
 		if o.Format != half.FP32 {
@@ -286,6 +275,10 @@ func (e *Engine) Close() error {
 		b.Free()
 	}
 	e.blocks = nil
+	for _, b := range e.gradBlks {
+		b.Free()
+	}
+	e.gradBlks = nil
 	e.grads, e.hgrads, e.gshard, e.staging, e.bufs = nil, nil, nil, nil, nil
 	return err
 }
@@ -312,18 +305,81 @@ func (e *Engine) Master() []float32 { return e.master }
 // Optimizer is the optimizer over the shard.
 func (e *Engine) Optimizer() offload.Optimizer { return e.opt }
 
-// BeginStep starts a step's gradient: at stage 2 the shard is cleared (the stages 0-1 buffer
-// is overwritten by the step's first micro-batch instead).
-func (e *Engine) BeginStep() {
+// GradPartitioned says whether a step of accum micro-batches keeps only this rank's shard of
+// the gradient: at stage 2 always; at stage 1 when there is nothing to accumulate (accum 1),
+// since then the gradient outside the shard is never needed after its bucket is reduced, and
+// reducing it with a reduce-scatter instead of an all-reduce sends half the bytes.
+func GradPartitioned(stage, accum int) bool { return stage == 2 || (stage == 1 && accum <= 1) }
+
+// BeginStep starts a step of accum micro-batches: the partitioned gradient's shard is cleared
+// (the full one is overwritten by the step's first micro-batch instead). The gradient's
+// buffers are made here, the first time a step needs them.
+func (e *Engine) BeginStep(accum int) error {
 	e.inflight.Wait()
 	clear(e.sent)
 	e.wrote = false
-	if e.gshard != nil {
+	if err := e.gradBuffers(GradPartitioned(e.cfg.Stage, accum)); err != nil {
+		return err
+	}
+	if e.part {
 		if e.stream != nil {
 			e.stream.Sync() // no transfer into the shard may still be running
 		}
 		clear(e.gshard)
 	}
+	return nil
+}
+
+// gradBuffers makes the buffers of a partitioned gradient (the shard and two staging
+// buckets) or of a full one (with offload, also the shard's host copy), and frees the other
+// kind's if a change of accumulation (memory adaptation) left them behind.
+func (e *Engine) gradBuffers(part bool) error {
+	if part == e.part && (e.gshard != nil || e.grads != nil) {
+		return nil
+	}
+	for _, b := range e.gradBlks {
+		b.Free()
+	}
+	e.gradBlks, e.grads, e.hgrads, e.gshard, e.bufs = nil, nil, nil, nil, nil
+	e.part = part
+	alloc := func(n int, c arena.Category) ([]float32, error) {
+		b, f, err := arena.Float32s(n, c)
+		if err != nil {
+			return nil, fmt.Errorf("zero: allocating %d elements of %s: %w", n, c, err)
+		}
+		if b != nil {
+			e.gradBlks = append(e.gradBlks, b)
+		}
+		if f == nil {
+			f = []float32{}
+		}
+		return f, nil
+	}
+	var err error
+	if !part {
+		if e.grads, err = alloc(e.layout.Size, arena.Grads); err != nil {
+			return err
+		}
+		if e.hostGrads {
+			e.hgrads, err = alloc(e.hi-e.lo, arena.Grads)
+		}
+		return err
+	}
+	if e.gshard, err = alloc(e.hi-e.lo, arena.Grads); err != nil {
+		return err
+	}
+	// Two staging buffers: the pass writes one bucket while the other is on the wire.
+	const nbufs = 2
+	e.free = make(chan int, nbufs)
+	for i := range nbufs {
+		b, err := alloc(e.maxBucketLen, arena.Buffers)
+		if err != nil {
+			return err
+		}
+		e.bufs = append(e.bufs, b)
+		e.free <- i
+	}
+	return nil
 }
 
 // BeginMicro prepares for one micro-batch whose collectives run on ctx: first says no
@@ -333,7 +389,7 @@ func (e *Engine) BeginStep() {
 func (e *Engine) BeginMicro(ctx context.Context, first, last bool) {
 	e.microCtx, e.first, e.last = ctx, first, last
 	clear(e.got)
-	if e.cfg.Stage == 2 {
+	if e.part {
 		clear(e.sent)
 		for i := range e.slot {
 			e.slot[i] = -1
@@ -372,7 +428,7 @@ func (e *Engine) Acquire(lo, hi int) ([]float32, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	if e.cfg.Stage < 2 {
+	if !e.part {
 		e.wrote = true
 		return e.grads[lo:hi], !e.first, nil
 	}
@@ -414,7 +470,7 @@ func (e *Engine) Release(lo, hi int) error {
 }
 
 // dispatching says whether this micro-batch's buckets are reduced as they complete.
-func (e *Engine) dispatching() bool { return e.cfg.Stage == 2 || e.last }
+func (e *Engine) dispatching() bool { return e.part || e.last }
 
 // dispatchFrom hands over bucket b and any above it not yet sent (empty ones: the pass
 // writes from the top, so every bucket above b is complete). Every rank hands its buckets
@@ -439,7 +495,7 @@ func (e *Engine) dispatchFrom(b int) error {
 func (e *Engine) dispatch(b int) {
 	e.sent[b] = true
 	job := commJob{ctx: e.microCtx, bucket: b, slot: -1}
-	if e.cfg.Stage == 2 {
+	if e.part {
 		if e.slot[b] < 0 {
 			e.takeSlot(b)
 			clear(e.bufs[e.slot[b]][:e.reduce[b].Hi-e.reduce[b].Lo])
@@ -457,7 +513,7 @@ func (e *Engine) EndMicro() error {
 	if !e.dispatching() {
 		return e.err()
 	}
-	if e.cfg.Stage < 2 && !e.wrote {
+	if !e.part && !e.wrote {
 		// No micro-batch of this rank ran: it adds nothing to the average.
 		clear(e.grads)
 	}
@@ -506,7 +562,7 @@ func (e *Engine) communicate() {
 // gradient shard at stage 2.
 func (e *Engine) reduceBucket(j commJob) error {
 	b := e.reduce[j.bucket]
-	if e.cfg.Stage < 2 {
+	if !e.part {
 		buf := e.grads[b.Lo:b.Hi]
 		if e.world > 1 {
 			op := e.prepareReduce(buf)
@@ -564,7 +620,7 @@ func (e *Engine) prepareReduce(buf []float32) collective.Op {
 // Every rank then holds identical gradient bits (stages 0-1) or its shard of them (stage 2),
 // so every rank makes the same overflow and clipping decisions.
 func (e *Engine) Reduce(ctx context.Context) error {
-	if e.cfg.Stage < 2 && !e.allSent() {
+	if !e.part && !e.allSent() {
 		// The trainer did not mark a last micro-batch (or none ran): send what is left.
 		e.microCtx, e.last = ctx, true
 		if err := e.EndMicro(); err != nil {
@@ -600,11 +656,11 @@ func (e *Engine) shardGrads() []float32 {
 }
 
 // SumSquares returns the sum of squares of the whole (loss-scaled) gradient, identical on
-// every rank; it is not finite if any gradient element anywhere is. At stages 0-1 every rank
-// holds the whole gradient; at stage 2 the shards' sums are all-reduced, so every rank makes
-// the same skip and clip decision.
+// every rank; it is not finite if any gradient element anywhere is. With a full gradient every
+// rank holds all of it; with a partitioned one the shards' sums are all-reduced, so every rank
+// makes the same skip and clip decision.
 func (e *Engine) SumSquares(ctx context.Context) (float64, error) {
-	if e.cfg.Stage < 2 {
+	if !e.part {
 		return e.pool.SumSquares(e.grads), nil
 	}
 	s := e.pool.SumSquares(e.gshard)

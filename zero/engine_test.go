@@ -178,7 +178,9 @@ func TestEngineStep(t *testing.T) {
 // step runs one training step of micro micro-batches on engine e as rank r.
 func step(e *Engine, r, s, micro int, lr float32) error {
 	ctx := context.Background()
-	e.BeginStep()
+	if err := e.BeginStep(micro); err != nil {
+		return err
+	}
 	n := e.layout.Size
 	ext := testExtents(n)
 	g := make([]float32, n)
@@ -233,7 +235,7 @@ func TestEngineSumSquares(t *testing.T) {
 					}
 					defer e.Close()
 					ctx := context.Background()
-					e.BeginStep()
+					e.BeginStep(1)
 					g := make([]float32, n)
 					for i := range g {
 						g[i] = float32(r + 1) // mean over ranks: 2
@@ -283,7 +285,7 @@ func TestEngineSinkOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	e.BeginStep()
+	e.BeginStep(1)
 	e.BeginMicro(context.Background(), true, true)
 	if _, _, err := e.Acquire(5, 15); err == nil {
 		t.Fatal("a piece spanning the cut at 10 was accepted")
@@ -312,7 +314,7 @@ func TestEngineStepAllocs(t *testing.T) {
 	g := make([]float32, n)
 	ctx := context.Background()
 	run := func() {
-		e.BeginStep()
+		e.BeginStep(1)
 		e.BeginMicro(ctx, true, true)
 		if err := backward(e, g, nil); err != nil {
 			t.Fatal(err)

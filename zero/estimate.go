@@ -25,8 +25,12 @@ type Spec struct {
 	// Quantized says the state is block-wise 8-bit (adam8bit, adamw8bit): a byte per element
 	// and a float32 scale per offload.QuantBlock elements of each buffer, instead of float32.
 	Quantized bool
-	// BucketElems is the reduce bucket size (stage 2 stages two buckets on the device).
+	// BucketElems is the reduce bucket size (a partitioned gradient stages two buckets on
+	// the device).
 	BucketElems int
+	// Accum is the micro-batches per step: at stage 1 it decides whether the gradient is
+	// partitioned (GradPartitioned; 0 counts as 1).
+	Accum int
 }
 
 // Validate checks the spec.
@@ -42,8 +46,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("element size must be 2 or 4 bytes, got %d", s.ElemBytes)
 	case s.StateElems < 0:
 		return errors.New("optimizer state per parameter must be >= 0")
-	case s.Stage == 2 && s.BucketElems < 1:
-		return fmt.Errorf("reduce bucket size must be >= 1 element at stage 2, got %d", s.BucketElems)
+	case GradPartitioned(s.Stage, s.Accum) && s.BucketElems < 1:
+		return fmt.Errorf("reduce bucket size must be >= 1 element when the gradient is partitioned, got %d", s.BucketElems)
 	}
 	return nil
 }
@@ -73,8 +77,9 @@ func Estimate(s Spec) (Memory, error) {
 	if s.Offload {
 		side = &m.Host
 	}
+	part := GradPartitioned(s.Stage, s.Accum)
 	switch {
-	case s.Stage < 2:
+	case !part:
 		m.Device.Grads = b * n
 		if s.Offload {
 			m.Host.Grads = f32 * shard // the host copy of the reduced shard
@@ -84,7 +89,7 @@ func Estimate(s Spec) (Memory, error) {
 	default:
 		m.Device.Grads = b * shard // accumulated in the working precision
 	}
-	if s.Stage == 2 {
+	if part {
 		// Two staging buckets: the backward pass writes one while the other is on the wire.
 		m.Device.Buffers = 2 * b * min(int64(s.BucketElems), n)
 	}
@@ -102,7 +107,8 @@ func Estimate(s Spec) (Memory, error) {
 }
 
 // PaperFormula is the ZeRO paper's per-rank model-state formula for a stage, with K = 12
-// bytes of fp32 master weights and Adam moments per parameter (mixed-precision Adam).
+// bytes of fp32 master weights and Adam moments per parameter (mixed-precision Adam). Its
+// stage 1 keeps the whole gradient, as qvd's does with accumulation.
 func PaperFormula(stage int, offload bool) string {
 	switch {
 	case offload && stage == 2:

@@ -75,7 +75,9 @@ func TestEstimateMatchesEngine(t *testing.T) {
 func TestEstimatePaperFormulas(t *testing.T) {
 	const psi, n, bucket = 1 << 24, 8, 1 << 20
 	for stage, want := range []int64{16 * psi, 4*psi + 12*psi/n, 2*psi + 14*psi/n + 2*2*bucket} {
-		m, err := zero.Estimate(zero.Spec{Elems: psi, World: n, Stage: stage, ElemBytes: 2, StateElems: 2, BucketElems: bucket})
+		// Accum 2: the paper's stage 1 keeps the whole gradient (qvd partitions it too when
+		// there is nothing to accumulate).
+		m, err := zero.Estimate(zero.Spec{Elems: psi, World: n, Stage: stage, ElemBytes: 2, StateElems: 2, BucketElems: bucket, Accum: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,3 +102,17 @@ type fakeComm struct {
 
 func (c fakeComm) Rank() int { return c.rank }
 func (c fakeComm) Size() int { return c.size }
+
+// TestEstimateStage1WithoutAccumulation: at stage 1 with one micro-batch per step the
+// gradient is partitioned, so the estimate is stage 2's.
+func TestEstimateStage1WithoutAccumulation(t *testing.T) {
+	const psi, n, bucket = 1 << 24, 8, 1 << 20
+	s1, err1 := zero.Estimate(zero.Spec{Elems: psi, World: n, Stage: 1, ElemBytes: 4, StateElems: 2, BucketElems: bucket, Accum: 1})
+	s2, err2 := zero.Estimate(zero.Spec{Elems: psi, World: n, Stage: 2, ElemBytes: 4, StateElems: 2, BucketElems: bucket, Accum: 1})
+	if err1 != nil || err2 != nil || s1 != s2 {
+		t.Fatalf("stage 1 accum 1 %+v (%v), stage 2 %+v (%v)", s1, err1, s2, err2)
+	}
+	if !zero.GradPartitioned(1, 1) || zero.GradPartitioned(1, 2) || zero.GradPartitioned(0, 1) || !zero.GradPartitioned(2, 4) {
+		t.Fatal("GradPartitioned")
+	}
+}

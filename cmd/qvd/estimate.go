@@ -36,6 +36,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	offloadF := fs.String("offload", "", "none or cpu (default: the config's, or none)")
 	precision := fs.String("precision", "", "fp32, fp16 or bf16 (default: the config's, or fp16)")
 	optimizer := fs.String("optimizer", "", "adamw, adam, sgd, adamw8bit or adam8bit (default: the config's, or adamw)")
+	accum := fs.Int("accum", 0, "micro-batches per step (default: the config's, or 1); at stage 1 without accumulation the gradient is partitioned as at stage 2")
 	recommend := fs.Bool("recommend", false, "recommend micro-batch and accumulation steps for --memory and --effective-batch")
 	memory := fs.String("memory", "", "memory budget per rank for --recommend, e.g. 24GiB, 16GB, 512MiB")
 	effective := fs.Int("effective-batch", 0, "global batch (micro × accum × world) to keep, for --recommend")
@@ -79,7 +80,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 		}
 		in.elems, in.numParams = model.NewLayout(spec).Size, model.NewLayout(spec).NumParams()
 		in.stage, in.offload, in.precision, in.optimizer = cfg.Zero.Stage, cfg.Zero.Offload(), cfg.Train.Precision, cfg.Optimizer.Type
-		in.bucket, in.momentum = cfg.Zero.ReduceBucketSize, cfg.Optimizer.Momentum
+		in.bucket, in.momentum, in.accum = cfg.Zero.ReduceBucketSize, cfg.Optimizer.Momentum, cfg.Train.Accum
 		in.name = fmt.Sprintf("%s (%s)", *cfgName, spec)
 	} else {
 		n, err := parseCount(*params)
@@ -101,6 +102,12 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 		in.offload = *offloadF == "cpu"
 	default:
 		return fail("--offload must be none or cpu, got %q", *offloadF)
+	}
+	if *accum < 0 {
+		return fail("--accum must be >= 1, got %d", *accum)
+	}
+	if *accum > 0 {
+		in.accum = *accum
 	}
 	if *precision != "" {
 		in.precision = *precision
@@ -172,6 +179,7 @@ type estimateInput struct {
 	precision, optimizer string
 	momentum             float64
 	bucket               int64
+	accum                int
 }
 
 func (in estimateInput) format() half.Format { f, _ := half.ParseFormat(in.precision); return f }
@@ -197,7 +205,7 @@ func (in estimateInput) quantized() bool {
 
 func (in estimateInput) spec(stage int, offload bool, elemBytes int) zero.Spec {
 	return zero.Spec{Elems: in.elems, World: in.world, Stage: stage, Offload: offload, ElemBytes: elemBytes,
-		FP32: in.format() == half.FP32, StateElems: in.stateElems(), Quantized: in.quantized(), BucketElems: in.bucketElems()}
+		FP32: in.format() == half.FP32, StateElems: in.stateElems(), Quantized: in.quantized(), BucketElems: in.bucketElems(), Accum: in.accum}
 }
 
 // bucketElems is the reduce bucket the engine will use: the config's, or the one it sizes
@@ -234,7 +242,11 @@ func (in estimateInput) printTable(w io.Writer) error {
 			if off {
 				offS = "cpu"
 			}
-			formula := zero.PaperFormula(stage, off)
+			fs := stage
+			if zero.GradPartitioned(stage, in.accum) {
+				fs = 2 // stage 1 without accumulation holds what stage 2 does
+			}
+			formula := zero.PaperFormula(fs, off)
 			if f == half.FP32 || in.stateElems() != 2 || in.quantized() {
 				formula = "-"
 			}

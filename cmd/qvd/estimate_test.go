@@ -11,9 +11,10 @@ import (
 )
 
 // TestEstimateTable: the DeepSpeed-style table for 1.3B parameters on 8 ranks in fp16 with
-// AdamW has the ZeRO paper's figures (stage 1: 4Ψ+12Ψ/N = 7.15e9 B) and marks the row asked for.
+// AdamW and accumulation has the ZeRO paper's figures (stage 1: 4Ψ+12Ψ/N = 7.15e9 B) and
+// marks the row asked for; without accumulation stage 1 holds what stage 2 does.
 func TestEstimateTable(t *testing.T) {
-	code, out, errs := runQVD(t, "estimate", "--params", "1.3e9", "--world", "8", "--stage", "2", "--offload", "cpu", "--precision", "fp16", "--bytes")
+	code, out, errs := runQVD(t, "estimate", "--params", "1.3e9", "--world", "8", "--stage", "2", "--offload", "cpu", "--precision", "fp16", "--bytes", "--accum", "2")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -32,6 +33,19 @@ func TestEstimateTable(t *testing.T) {
 	}
 	if f := row(1, "none"); f[0] != strconv.Itoa(4*psi+12*psi/n) {
 		t.Errorf("stage 1 row %v, want %d", f, 4*psi+12*psi/n)
+	}
+	_, out1, _ := runQVD(t, "estimate", "--params", "1.3e9", "--world", "8", "--precision", "fp16", "--bytes", "--accum", "1")
+	var s1, s2 string
+	for _, l := range strings.Split(out1, "\n") {
+		if strings.Contains(l, "stage=1 offload_optimizer=none") {
+			s1 = strings.Fields(l)[0]
+		}
+		if strings.Contains(l, "stage=2 offload_optimizer=none") {
+			s2 = strings.Fields(l)[1]
+		}
+	}
+	if s1 == "" || s1 != s2 {
+		t.Errorf("accum 1: stage 1 %q bytes, stage 2 %q: the same gradient partition should give the same figure\n%s", s1, s2, out1)
 	}
 	if f := row(2, "cpu"); f[0] != "*" || f[2] != strconv.Itoa(16*psi/n+2*psi/n) {
 		// host: fp32 gradient shard, master and moments (16Ψ/N) and the fp16 staging copy (2Ψ/N)
