@@ -29,15 +29,19 @@ MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long
 				const long x0 = pad - kj > 0 ? pad - kj : 0;
 				long x1 = w + pad - kj;
 				if (x1 > ow) x1 = ow;
+				const long shift = kj - pad;
 				for (long oy = 0; oy < oh; oy++) {
 					const long iy = oy + ki - pad;
 					float *r = row + oy * ow;
 					if (iy < 0 || iy >= h || x1 <= x0) {
-						memset(r, 0, (size_t)ow * sizeof(float));
+						for (long ox = 0; ox < ow; ox++) r[ox] = 0;
 						continue;
 					}
+					// Rows are short (an image row): a loop the compiler vectorises beats
+					// a call to memcpy.
+					const float *src = plane + iy * w;
 					for (long ox = 0; ox < x0; ox++) r[ox] = 0;
-					memcpy(r + x0, plane + iy * w + x0 + kj - pad, (size_t)(x1 - x0) * sizeof(float));
+					for (long ox = x0; ox < x1; ox++) r[ox] = src[ox + shift];
 					for (long ox = x1; ox < ow; ox++) r[ox] = 0;
 				}
 			}
@@ -142,7 +146,7 @@ MULTI void qvd_sum_rows(float *acc, const float *x, long rows, long cols, int pe
 	}
 }
 
-void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base) {
+MULTI void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base) {
 	const long oh = h / 2, ow = w / 2;
 	for (long p = 0; p < planes; p++) {
 		const float *xp = x + p * h * w;
@@ -150,16 +154,22 @@ void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, l
 			const float *r0 = xp + 2 * oy * w, *r1 = r0 + w;
 			float *yo = y + (p * oh + oy) * ow;
 			int32_t *io = idx + (p * oh + oy) * ow;
-			const long at = base + p * h * w + 2 * oy * w;
+			const int32_t at = (int32_t)(base + p * h * w + 2 * oy * w);
+			// Branch-free selects in row-major order, strictly greater: the first maximum
+			// wins, and the loop vectorises.
 			for (long ox = 0; ox < ow; ox++) {
-				long j = 2 * ox;
+				const long j = 2 * ox;
 				float m = r0[j];
-				long best = at + j;
-				if (r0[j + 1] > m) m = r0[j + 1], best = at + j + 1;
-				if (r1[j] > m) m = r1[j], best = at + w + j;
-				if (r1[j + 1] > m) m = r1[j + 1], best = at + w + j + 1;
+				int32_t b = at + (int32_t)j;
+				const float a1 = r0[j + 1], a2 = r1[j], a3 = r1[j + 1];
+				b = a1 > m ? at + (int32_t)j + 1 : b;
+				m = a1 > m ? a1 : m;
+				b = a2 > m ? at + (int32_t)(w + j) : b;
+				m = a2 > m ? a2 : m;
+				b = a3 > m ? at + (int32_t)(w + j + 1) : b;
+				m = a3 > m ? a3 : m;
 				yo[ox] = m;
-				io[ox] = (int32_t)best;
+				io[ox] = b;
 			}
 		}
 	}

@@ -122,6 +122,7 @@ type unaryPass struct {
 	s       float32
 	bad     [gemmMaxBlocks * 4]int32 // UnscaleCheck: one flag per piece start
 	grain   int
+	idx     []int32 // opScatter: where each gradient goes
 }
 
 const (
@@ -129,6 +130,8 @@ const (
 	opReLUGrad
 	opBiasRows
 	opUnscale
+	opClear
+	opScatter
 )
 
 func (u *unaryPass) Range(lo, hi int) {
@@ -144,6 +147,10 @@ func (u *unaryPass) Range(lo, hi int) {
 			b = u.b[lo:hi]
 		}
 		C.qvd_add_bias(fptr(u.y[lo*u.cols:hi*u.cols]), fptr(b), C.long(hi-lo), C.long(u.cols), C.int(boolInt(u.perRow)))
+	case opClear:
+		clear(u.y[lo:hi])
+	case opScatter:
+		C.qvd_maxpool2_grad(fptr(u.y), fptr(u.g[lo:hi]), iptr(u.idx[lo:hi]), C.long(hi-lo), 0)
 	case opUnscale:
 		if C.qvd_unscale_check(fptr(u.y[lo:hi]), C.long(hi-lo), C.float(u.s)) != 0 {
 			u.bad[(lo/u.grain)%len(u.bad)] = 1
@@ -353,9 +360,12 @@ func (d *Device) MaxPool2Grad(dx, dy, idx engine.Buf) {
 			return
 		}
 	}
-	// Each input is the maximum of at most one 2×2 window: one pass, in any order.
-	clear(DX)
-	C.qvd_maxpool2_grad(fptr(DX), fptr(DY), iptr(I), C.long(len(I)), 0)
+	// Each input is the maximum of at most one 2×2 window, so the scatter writes every
+	// element at most once: both passes split freely across the pool.
+	d.unary = unaryPass{op: opClear, y: DX}
+	d.run(&d.unary, len(DX), elemGrain)
+	d.unary = unaryPass{op: opScatter, y: DX, g: DY, idx: I}
+	d.run(&d.unary, len(I), elemGrain)
 	roundTo(DX, dx.T)
 	d.commit(dx, DX)
 }
