@@ -317,7 +317,13 @@ func (c *call) timeoutErr(wait time.Duration) error {
 	if queued > 0 {
 		other = r.mu.pending[0].h
 	}
+	late := r.mu.lateAbort
 	r.mu.Unlock()
+	if late != nil {
+		// The predecessor failed an earlier call that this rank had completed, said why, and
+		// has sent nothing since: it stopped on that failure, whose cause is the one to report.
+		return late
+	}
 	if queued == 0 {
 		return c.peerErr(r.prev, fmt.Errorf("%w: no frame for %v", ErrTimeout, wait))
 	}

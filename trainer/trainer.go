@@ -448,7 +448,12 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 				return res, t.abortCause(cctx, err)
 			}
 			if stop {
-				return t.interrupt(cctx, res, context.Cause(ctx))
+				cause := context.Cause(ctx)
+				if cause == nil {
+					// Another rank was asked to stop (its signal came first): stop with it.
+					cause = ErrStopRequested
+				}
+				return t.interrupt(cctx, res, cause)
 			}
 			if t.ckptEnabled() && t.ckptCfg.EverySteps > 0 && t.step%int64(t.ckptCfg.EverySteps) == 0 {
 				if err := t.save(cctx); err != nil {
@@ -477,6 +482,10 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	t.fill(&res)
 	return res, nil
 }
+
+// ErrStopRequested is Run's error when another rank of the group was asked to stop before
+// this one was: every rank stops at the same step, checkpointed, as if interrupted.
+var ErrStopRequested = errors.New("trainer: another rank of the group was asked to stop")
 
 // Abort fails the run's collectives at once with err — used when failure detection (gossip)
 // learns that a peer is gone, so ranks do not wait out the collective timeout. Safe to call
