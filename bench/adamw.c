@@ -11,8 +11,11 @@
 //            (28 bytes per element), so its elements/s is the most an Adam step can reach;
 //   triad    STREAM's a = b + s*c (12 bytes per element counted, as STREAM counts them).
 //
-// Usage: adamw [--steps N] [--warmup N] [--kernel adamw|adam|stream7|triad|all] [SIZE...]
+// Usage: adamw [--steps N] [--warmup N] [--kernel adamw|adam|stream7|triad|all] [--hugepage] [SIZE...]
 // SIZE is a parameter count with an optional K/M/G suffix (powers of two); default 16M 64M.
+// The buffers come from posix_memalign, as a C program's would (4 KiB pages where the kernel's
+// transparent huge pages are in "madvise" mode); --hugepage maps each one as qvd's
+// internal/arena does: 2 MiB-aligned and advised MADV_HUGEPAGE.
 // Output: one line per kernel and size, "kernel size threads ms/step Mparams/s GB/s".
 #include <math.h>
 #include <omp.h>
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 // Optimizer settings of the Go benchmarks (offload/bench_test.go: DefaultConfig, lr 1e-3,
@@ -109,13 +113,39 @@ static void fill(float *x, long n, float scale) {
   for (long i = 0; i < n; i++) x[i] = scale * (float)((int)(i % 1997) - 998) / 998;
 }
 
+static int huge_pages;  // --hugepage
+#define HUGE_PAGE (2UL << 20)
+
+static size_t huge_len(long n) { return ((size_t)n * sizeof(float) + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
+
 static void *alloc(long n) {
   void *ptr = NULL;
+  if (huge_pages) {
+    // internal/arena's Alloc: map 2 MiB more than needed, trim to a 2 MiB-aligned range, advise.
+    size_t len = huge_len(n);
+    char *p = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      fprintf(stderr, "adamw: cannot map %ld floats\n", n);
+      exit(1);
+    }
+    char *a = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+    if (a > p) munmap(p, a - p);
+    if (p + len + HUGE_PAGE > a + len) munmap(a + len, p + len + HUGE_PAGE - (a + len));
+    madvise(a, len, MADV_HUGEPAGE);
+    return a;
+  }
   if (posix_memalign(&ptr, 64, (size_t)n * sizeof(float)) != 0) {
     fprintf(stderr, "adamw: out of memory for %ld floats\n", n);
     exit(1);
   }
   return ptr;
+}
+
+static void release(void *p, long n) {
+  if (huge_pages)
+    munmap(p, huge_len(n));
+  else
+    free(p);
 }
 
 static long parse_size(const char *s) {
@@ -169,10 +199,10 @@ static void run(const char *kernel, long n, int warmup, int steps) {
   }
   printf("%-8s %6ldM %3d %9.2f %9.1f %7.2f  # check %08x\n", kernel, n >> 20,
          omp_get_max_threads(), el * 1e3, n / el / 1e6, n * bytes / el / 1e9, h);
-  free(p);
-  free(g);
-  free(m);
-  free(v);
+  release(p, n);
+  release(g, n);
+  release(m, n);
+  release(v, n);
 }
 
 int main(int argc, char **argv) {
@@ -187,6 +217,8 @@ int main(int argc, char **argv) {
       warmup = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--kernel") == 0 && i + 1 < argc) {
       kernel = argv[++i];
+    } else if (strcmp(argv[i], "--hugepage") == 0) {
+      huge_pages = 1;
     } else if (nsizes < 16) {
       sizes[nsizes++] = parse_size(argv[i]);
     }

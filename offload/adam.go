@@ -27,17 +27,20 @@ type adam struct {
 	k          adamPass
 }
 
-func newAdam(cfg Config, n int) *adam {
+func newAdam(cfg Config, n int) (*adam, error) {
 	o := &adam{
 		b1:        cfg.Betas[0],
 		b2:        cfg.Betas[1],
 		wd:        cfg.WeightDecay,
 		decoupled: cfg.Type == TypeAdamW,
-		m:         make([]float32, n),
-		v:         make([]float32, n),
+	}
+	o.m = o.mem.float32s(n, "exp_avg")
+	o.v = o.mem.float32s(n, "exp_avg_sq")
+	if err := o.mem.failed(); err != nil {
+		return nil, err
 	}
 	o.k = adamPass{m: o.m, v: o.v, c: adamConsts(cfg), l2: !o.decoupled && cfg.WeightDecay != 0}
-	return o
+	return o, nil
 }
 
 // adamConsts are the constants of cfg's Adam kernels that do not change between steps.
@@ -68,7 +71,7 @@ func setStepConsts(c *vec.AdamConsts, b1, b2, wd float64, decoupled bool, t int6
 }
 
 func (o *adam) Step(params, grads []float32, lr, gradScale float32) {
-	o.checkLen(params, grads)
+	o.checkStep(params, grads)
 	t := o.steps.Load() + 1
 	k := &o.k
 	k.p, k.g = params, grads
@@ -79,7 +82,15 @@ func (o *adam) Step(params, grads []float32, lr, gradScale float32) {
 }
 
 func (o *adam) State() []NamedBuffer {
+	if o.closed {
+		return nil
+	}
 	return []NamedBuffer{{Name: "exp_avg", Data: o.m}, {Name: "exp_avg_sq", Data: o.v}}
+}
+
+func (o *adam) Close() error {
+	o.m, o.v, o.k.m, o.k.v = nil, nil, nil, nil
+	return o.close()
 }
 
 // adamPass is one Step's update as a Ranger. The per-element arithmetic is internal/vec's

@@ -31,25 +31,28 @@ type adam8 struct {
 
 var _ StateCodec = (*adam8)(nil)
 
-func newAdam8(cfg Config, n int) *adam8 {
+func newAdam8(cfg Config, n int) (*adam8, error) {
 	blocks := (n + QuantBlock - 1) / QuantBlock
 	o := &adam8{b1: cfg.Betas[0], b2: cfg.Betas[1], wd: cfg.WeightDecay, decoupled: cfg.Type == TypeAdamW8bit}
 	o.k = adam8Pass{
 		n:  n,
-		m:  make([]uint8, n),
-		v:  make([]uint8, n),
-		ms: make([]float32, blocks),
-		vs: make([]float32, blocks),
+		m:  o.mem.bytes(n, "exp_avg codes"),
+		v:  o.mem.bytes(n, "exp_avg_sq codes"),
+		ms: o.mem.float32s(blocks, "exp_avg scales"),
+		vs: o.mem.float32s(blocks, "exp_avg_sq scales"),
 		c:  adamConsts(cfg),
 		l2: !o.decoupled && cfg.WeightDecay != 0,
 	}
-	return o
+	if err := o.mem.failed(); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
 func (o *adam8) blocks() int { return len(o.k.ms) }
 
 func (o *adam8) Step(params, grads []float32, lr, gradScale float32) {
-	o.checkLen(params, grads)
+	o.checkStep(params, grads)
 	t := o.steps.Load() + 1
 	k := &o.k
 	k.p, k.g = params, grads
@@ -62,8 +65,17 @@ func (o *adam8) Step(params, grads []float32, lr, gradScale float32) {
 // State is nil: the moments are not float32; see ExportState.
 func (o *adam8) State() []NamedBuffer { return nil }
 
-// ExportState decodes both moments into new float32 buffers named as adam's.
+func (o *adam8) Close() error {
+	o.k.m, o.k.v, o.k.ms, o.k.vs = nil, nil, nil, nil
+	return o.close()
+}
+
+// ExportState decodes both moments into new float32 buffers named as adam's (on the Go heap:
+// they are the caller's, and go when it drops them); nil after Close.
 func (o *adam8) ExportState() []NamedBuffer {
+	if o.closed {
+		return nil
+	}
 	m, v := make([]float32, o.n), make([]float32, o.n)
 	k := &o.k
 	for b := range o.blocks() {
@@ -78,6 +90,9 @@ func (o *adam8) ExportState() []NamedBuffer {
 // everything before it changes anything: a non-finite moment or a negative second moment is
 // a corrupt checkpoint.
 func (o *adam8) ImportState(state []NamedBuffer) error {
+	if o.closed {
+		return ErrClosed
+	}
 	if len(state) != 2 || state[0].Name != "exp_avg" || state[1].Name != "exp_avg_sq" {
 		names := make([]string, len(state))
 		for i, s := range state {

@@ -8,12 +8,16 @@
 //
 // An Optimizer is built for a fixed length n: the whole flat parameter space, or one rank's
 // contiguous ZeRO shard [lo,hi) of it (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
-// Training Trillion Parameter Models", 2020). It owns its state buffers (Adam's first and second
-// moments, SGD's momentum buffer), allocated once in New, and the worker goroutines of its Pool,
-// started in New and stopped by Close. The caller owns the parameter and gradient slices and
-// passes them to every Step; the optimizer keeps no reference to them between calls. Because the
-// state is just flat host memory stepped on the CPU, the same code is the host half of
-// ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", 2021).
+// Training Trillion Parameter Models", 2020). It owns its state buffers (Adam's first and
+// second moments, SGD's momentum buffer, the 8-bit optimizers' codes and per-block scales),
+// mapped once in New as internal/arena blocks of category arena.Optimizer — outside the Go
+// heap, 2 MiB-aligned and advised MADV_HUGEPAGE — and unmapped by Close, and the worker
+// goroutines of its Pool, started in New and stopped by Close. The views State returns are
+// valid until Close; Step after Close panics. The caller owns the parameter and gradient slices
+// and passes them to every Step; the optimizer keeps no reference to them between calls.
+// Because the state is just flat host memory stepped on the CPU, the same code is the host half
+// of ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training",
+// 2021).
 //
 // The update rules follow torch.optim (SGD, Adam, AdamW) operation for operation in float32,
 // with bias corrections computed once per step in float64; see the Optimizer docs for the

@@ -26,13 +26,17 @@ type Optimizer interface {
 	// State returns the optimizer's state buffers as named views (not copies), in a fixed
 	// order: "exp_avg", "exp_avg_sq" for adam and adamw, "momentum_buffer" for sgd with
 	// momentum, none for plain sgd. A checkpoint saves them and restores by copying into the
-	// same views. The returned slice is the caller's; the buffers are the optimizer's.
+	// same views. The returned slice is the caller's; the buffers are the optimizer's, mapped
+	// outside the Go heap (internal/arena): the views are valid until Close unmaps them, and
+	// must not be used after it. After Close, State returns nil.
 	// An optimizer whose state is not float32 (adam8bit, adamw8bit) returns nil and implements
 	// StateCodec; code that saves, restores or measures state uses ExportState, ImportState and
 	// StateBytes, which handle both kinds.
 	State() []NamedBuffer
-	// Close stops the worker goroutines of the optimizer's own pool (not those of a pool passed
-	// to NewWithPool). It is safe to call twice; Step still works afterwards, single-threaded.
+	// Close unmaps the optimizer's state, which invalidates every view State returned, and
+	// stops the worker goroutines of the optimizer's own pool (not those of a pool passed to
+	// NewWithPool). It is safe to call twice. Step after Close panics (a programmer error),
+	// and ImportState returns ErrClosed.
 	Close() error
 }
 
@@ -43,11 +47,12 @@ type Optimizer interface {
 type StateCodec interface {
 	// ExportState decodes the state into new float32 buffers of length Len(), named and
 	// ordered as the float32 optimizer's State. They are the caller's: temporary memory at
-	// checkpoint time, not views; writing into them changes nothing until ImportState.
+	// checkpoint time, not views; writing into them changes nothing until ImportState. It
+	// returns nil after Close.
 	ExportState() []NamedBuffer
 	// ImportState encodes state, named and sized as ExportState's, into the optimizer. It
 	// returns an error, changing nothing, for the wrong names or lengths or values the state
-	// cannot hold (such as a NaN or a negative second moment).
+	// cannot hold (such as a NaN or a negative second moment), and ErrClosed after Close.
 	ImportState(state []NamedBuffer) error
 	// StateBytes is the memory the encoded state occupies.
 	StateBytes() int64
@@ -61,6 +66,10 @@ func ExportState(o Optimizer) []NamedBuffer {
 	}
 	return o.State()
 }
+
+// ErrClosed is returned by ImportState on an optimizer that has been closed: its state is
+// unmapped.
+var ErrClosed = errors.New("offload: optimizer is closed")
 
 // ImportState finishes a restore into buffers that ExportState(o) returned: a StateCodec
 // encodes them; for a float32 optimizer they were its views, already written, and it does
@@ -91,7 +100,9 @@ type NamedBuffer struct {
 }
 
 // New validates cfg and returns the optimizer it describes for n parameters (n >= 0; a rank's
-// ZeRO shard may be empty), with its own Pool of cfg.Threads threads.
+// ZeRO shard may be empty), with its own Pool of cfg.Threads threads. The state is mapped
+// here, zeroed and outside the Go heap (internal/arena, category arena.Optimizer); where the
+// kernel refuses it the error wraps arena.ErrOutOfMemory.
 func New(cfg Config, n int) (Optimizer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("offload: optimizer config: %w", err)
@@ -99,7 +110,12 @@ func New(cfg Config, n int) (Optimizer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("offload: optimizer length must be >= 0, got %d", n)
 	}
-	return build(cfg, n, NewPool(cfg.Threads), true), nil
+	o, err := build(cfg, n)
+	if err != nil {
+		return nil, err
+	}
+	o.core().init(n, NewPool(cfg.Threads), true)
+	return o, nil
 }
 
 // NewWithPool is New on a Pool that the caller owns and shares with its other passes;
@@ -114,38 +130,62 @@ func NewWithPool(cfg Config, n int, pool *Pool) (Optimizer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("offload: optimizer length must be >= 0, got %d", n)
 	}
-	return build(cfg, n, pool, false), nil
+	o, err := build(cfg, n)
+	if err != nil {
+		return nil, err
+	}
+	o.core().init(n, pool, false)
+	return o, nil
 }
 
-func build(cfg Config, n int, pool *Pool, ownPool bool) Optimizer {
+// optimizer is what build returns: an Optimizer whose base New and NewWithPool complete.
+type optimizer interface {
+	Optimizer
+	core() *base
+}
+
+// build returns cfg's optimizer for n parameters with its state mapped, before it has a pool.
+func build(cfg Config, n int) (optimizer, error) {
+	var o optimizer
+	var err error
 	switch cfg.Type {
 	case TypeSGD:
-		o := newSGD(cfg, n)
-		o.init(n, pool, ownPool)
-		return o
+		o, err = asOptimizer(newSGD(cfg, n))
 	case TypeAdam8bit, TypeAdamW8bit:
-		o := newAdam8(cfg, n)
-		o.init(n, pool, ownPool)
-		return o
+		o, err = asOptimizer(newAdam8(cfg, n))
+	default:
+		o, err = asOptimizer(newAdam(cfg, n))
 	}
-	o := newAdam(cfg, n)
-	o.init(n, pool, ownPool)
-	return o
+	if err != nil {
+		return nil, fmt.Errorf("offload: %s state for %d parameters: %w", cfg.Type, n, err)
+	}
+	return o, nil
 }
 
-// base is what every optimizer shares: length, step count and pool.
+// asOptimizer keeps a failed constructor's nil pointer out of the interface.
+func asOptimizer[T optimizer](o T, err error) (optimizer, error) {
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// base is what every optimizer shares: length, step count, pool and the state's memory.
 type base struct {
 	n       int
 	steps   atomic.Int64
 	pool    *Pool
 	ownPool bool
-	grain   int // Run grain for Step; tests shrink it to split tiny buffers across threads
+	grain   int      // Run grain for Step; tests shrink it to split tiny buffers across threads
+	mem     stateMem // the state's arena blocks, unmapped by Close
+	closed  bool
 }
 
 func (b *base) init(n int, pool *Pool, ownPool bool) {
 	b.n, b.pool, b.ownPool, b.grain = n, pool, ownPool, DefaultGrain
 }
 
+func (b *base) core() *base  { return b }
 func (b *base) Len() int     { return b.n }
 func (b *base) Steps() int64 { return b.steps.Load() }
 func (b *base) SetSteps(t int64) {
@@ -155,22 +195,31 @@ func (b *base) SetSteps(t int64) {
 	b.steps.Store(t)
 }
 
-func (b *base) Close() error {
+// close is the shared half of every optimizer's Close, which first drops its own slices of
+// the state: it unmaps the state and stops an own pool. Safe to call twice.
+func (b *base) close() error {
+	b.closed = true
+	b.mem.free()
 	if b.ownPool {
 		return b.pool.Close()
 	}
 	return nil
 }
 
-func (b *base) checkLen(params, grads []float32) {
-	if len(params) != b.n || len(grads) != b.n {
-		panicLen(len(params), len(grads), b.n)
+// checkStep panics on a Step with buffers of the wrong length or after Close (whose state
+// is unmapped: without the check the step would fault, not panic).
+func (b *base) checkStep(params, grads []float32) {
+	if len(params) != b.n || len(grads) != b.n || b.closed {
+		panicStep(len(params), len(grads), b.n, b.closed)
 	}
 }
 
-// panicLen is out of line so that its boxing of arguments stays off Step's path.
+// panicStep is out of line so that its boxing of arguments stays off Step's path.
 //
 //go:noinline
-func panicLen(p, g, n int) {
+func panicStep(p, g, n int, closed bool) {
+	if closed {
+		panic("offload: Step after Close")
+	}
 	panic(fmt.Sprintf("offload: Step with len(params)=%d, len(grads)=%d on an optimizer of length %d", p, g, n))
 }

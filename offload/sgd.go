@@ -12,27 +12,30 @@ package offload
 // of initialization and momentum in deep learning", 2013, as reformulated by PyTorch.
 type sgd struct {
 	base
-	buf []float32 // nil without momentum
+	buf []float32 // nil without momentum (or for n == 0)
 	k   sgdPass
 }
 
-func newSGD(cfg Config, n int) *sgd {
+func newSGD(cfg Config, n int) (*sgd, error) {
 	o := &sgd{}
 	if cfg.Momentum != 0 {
-		o.buf = make([]float32, n)
+		o.buf = o.mem.float32s(n, "momentum_buffer")
+		if err := o.mem.failed(); err != nil {
+			return nil, err
+		}
 	}
 	o.k = sgdPass{
 		buf:      o.buf,
-		momentum: o.buf != nil,
+		momentum: cfg.Momentum != 0,
 		nesterov: cfg.Nesterov,
 		mu:       float32(cfg.Momentum),
 		wd:       float32(cfg.WeightDecay),
 	}
-	return o
+	return o, nil
 }
 
 func (o *sgd) Step(params, grads []float32, lr, gradScale float32) {
-	o.checkLen(params, grads)
+	o.checkStep(params, grads)
 	k := &o.k
 	k.p, k.g = params, grads
 	k.scale, k.negLR = gradScale, -lr
@@ -45,10 +48,15 @@ func (o *sgd) Step(params, grads []float32, lr, gradScale float32) {
 }
 
 func (o *sgd) State() []NamedBuffer {
-	if o.buf == nil {
+	if !o.k.momentum || o.closed {
 		return nil
 	}
 	return []NamedBuffer{{Name: "momentum_buffer", Data: o.buf}}
+}
+
+func (o *sgd) Close() error {
+	o.buf, o.k.buf = nil, nil
+	return o.close()
 }
 
 // sgdPass is one Step's update as a Ranger.
