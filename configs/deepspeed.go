@@ -32,7 +32,7 @@ var dsIgnored = map[string]string{
 // zero_optimization keys that tune DeepSpeed's CUDA-side implementation and have no meaning
 // (or are always on) in qvd.
 var dsZeroIgnored = map[string]bool{
-	"overlap_comm": true, "contiguous_gradients": true, "reduce_scatter": true, "allgather_partitions": true,
+	"contiguous_gradients": true, "reduce_scatter": true, "allgather_partitions": true,
 	"round_robin_gradients": true, "load_from_fp32_weights": true, "elastic_checkpoint": true,
 }
 
@@ -364,6 +364,10 @@ func dsZero(c *Config, raw json.RawMessage) ([]string, error) {
 			var f float64
 			if err = number(v, name, &f); err == nil {
 				c.Zero.ReduceBucketSize = int64(f)
+			}
+		case "overlap_comm":
+			if e := json.Unmarshal(v, &c.Zero.OverlapComm); e != nil {
+				err = fmt.Errorf("%s: want true or false, got %s", name, string(v))
 			}
 		case "allgather_bucket_size":
 			var f float64

@@ -36,12 +36,19 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	lossMul := float32(scale / float64(t.cfg.Accum))
 	var lossSum float64
 	ran := 0
+	// Where the step's time goes (metrics' phase_seconds): the micro-batches' forward and
+	// backward passes (with overlap_comm, the reductions run beside them), the wait for the
+	// gradient after them, the optimizer; and the time the reductions themselves took.
+	commBefore := t.eng.CommSeconds()
+	var fbSecs float64
 	for j := 0; j < t.cfg.Accum; j++ {
 		if err := t.nextMicroBatch(cctx, j); err != nil {
 			return false, fmt.Errorf("step %d: filling micro-batch %d: %w", t.step+1, j, err)
 		}
 		fb := t.beginPhase(memory.PhaseForwardBackward)
+		fbStart := t.clock.Now()
 		loss, err := t.microBatch(cctx, lossMul, ran == 0, j == t.cfg.Accum-1)
+		fbSecs += t.clock.Now().Sub(fbStart).Seconds()
 		fb.end()
 		if errors.Is(err, memory.ErrOutOfMemory) {
 			if err := t.skipMicroBatch(j, err); err != nil {
@@ -57,6 +64,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		ran++
 	}
 	comm := t.beginPhase(memory.PhaseCommunication)
+	commStart := t.clock.Now()
 	if err := t.reduceGrads(cctx, ran); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
@@ -85,10 +93,12 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
 	comm.end()
+	waitSecs := t.clock.Now().Sub(commStart).Seconds()
 	overflow := math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
 	t.step++
 	t.offset += t.global
-	rec := metrics.Record{Kind: metrics.KindTrain, Step: t.step, Epoch: t.fracEpoch(), Loss: loss}
+	rec := metrics.Record{Kind: metrics.KindTrain, Step: t.step, Epoch: t.fracEpoch(), Loss: loss,
+		PhaseSeconds: map[string]float64{"forward_backward": fbSecs, "gradient_wait": waitSecs, "reduction": t.eng.CommSeconds() - commBefore}}
 	if t.scaler != nil {
 		rec.Scale = scale
 	}
@@ -116,9 +126,11 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		}
 		lr := t.optCfg.LR * t.sched.Factor(t.eng.Optimizer().Steps(), t.totalSteps)
 		opt := t.beginPhase(memory.PhaseOptimizer)
+		optStart := t.clock.Now()
 		if err := t.optimizerStep(cctx, float32(lr), gradScale, scale); err != nil {
 			return false, fmt.Errorf("step %d: %w", t.step, err)
 		}
+		rec.PhaseSeconds["optimizer"] = t.clock.Now().Sub(optStart).Seconds()
 		opt.end()
 		if t.scaler != nil {
 			if _, changed := t.scaler.Update(false); changed {

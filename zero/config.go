@@ -14,6 +14,10 @@ type Config struct {
 	// AllgatherBucketSize is the number of elements per parameter all-gather at stages 1-2;
 	// 0 sizes it as ReduceBucketSize.
 	AllgatherBucketSize int64 `yaml:"allgather_bucket_size" json:"allgather_bucket_size"`
+	// OverlapComm reduces each gradient bucket as soon as the backward pass has written it,
+	// while the pass goes on (the default, DeepSpeed's overlap_comm); false reduces them all
+	// after the pass, which is what the overlap is measured against.
+	OverlapComm bool `yaml:"overlap_comm" json:"overlap_comm"`
 }
 
 // OffloadConfig says where the optimizer state lives and the optimizer step runs.
@@ -23,7 +27,7 @@ type OffloadConfig struct {
 
 // DefaultConfig is stage 0 without offload, with buckets sized from the model.
 func DefaultConfig() Config {
-	return Config{OffloadOptimizer: OffloadConfig{Device: "none"}}
+	return Config{OffloadOptimizer: OffloadConfig{Device: "none"}, OverlapComm: true}
 }
 
 // Validate checks the block; errors name the field.

@@ -7,6 +7,8 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/internal/arena"
@@ -117,12 +119,13 @@ type Engine struct {
 	maxBucketLen int
 
 	// The communication goroutine.
-	jobs     chan commJob
-	inflight sync.WaitGroup // jobs handed over and not done
-	stopped  sync.WaitGroup
-	closed   bool
-	errMu    sync.Mutex
-	commErr  error // the first failure; later jobs are skipped
+	jobs      chan commJob
+	inflight  sync.WaitGroup // jobs handed over and not done
+	stopped   sync.WaitGroup
+	closed    bool
+	errMu     sync.Mutex
+	commErr   error        // the first failure; later jobs are skipped
+	commNanos atomic.Int64 // time spent in the reductions (CommSeconds)
 }
 
 // commJob is one bucket for the communication goroutine.
@@ -503,6 +506,11 @@ func (e *Engine) dispatch(b int) {
 		job.slot = e.slot[b]
 	}
 	e.inflight.Add(1)
+	if !e.cfg.OverlapComm {
+		// Without overlap the pass waits for each bucket's reduction, here.
+		e.run(job)
+		return
+	}
 	e.jobs <- job
 }
 
@@ -545,17 +553,29 @@ func (e *Engine) fail(err error) {
 func (e *Engine) communicate() {
 	defer e.stopped.Done()
 	for j := range e.jobs {
-		if e.err() == nil {
-			if err := e.reduceBucket(j); err != nil {
-				e.fail(err)
-			}
-		}
-		if j.slot >= 0 {
-			e.free <- j.slot
-		}
-		e.inflight.Done()
+		e.run(j)
 	}
 }
+
+// run reduces one bucket (skipped after a failure), releases its staging buffer and accounts
+// the time its collective took.
+func (e *Engine) run(j commJob) {
+	if e.err() == nil {
+		start := time.Now()
+		if err := e.reduceBucket(j); err != nil {
+			e.fail(err)
+		}
+		e.commNanos.Add(int64(time.Since(start)))
+	}
+	if j.slot >= 0 {
+		e.free <- j.slot
+	}
+	e.inflight.Done()
+}
+
+// CommSeconds is the wall time the gradient's reductions have taken since the engine
+// started, on the communication goroutine (overlap_comm) or in the backward pass.
+func (e *Engine) CommSeconds() float64 { return time.Duration(e.commNanos.Load()).Seconds() }
 
 // reduceBucket runs one bucket's collective and files the result: in place in the full
 // gradient at stages 0-1 (with offload, this rank's part copied to the host), into the

@@ -337,3 +337,49 @@ func TestEngineStepAllocs(t *testing.T) {
 		t.Fatalf("a step allocates %v times", a)
 	}
 }
+
+// TestEngineOverlapOff: reducing the buckets after the backward pass (overlap_comm false)
+// gives the same bits as reducing them while it runs, at every stage.
+func TestEngineOverlapOff(t *testing.T) {
+	pool := offload.NewPool(2)
+	defer pool.Close()
+	const n, world, micro = 1000, 3, 2
+	for stage := 0; stage <= 2; stage++ {
+		var got [2][]float32
+		for k, overlap := range []bool{true, false} {
+			cfg := DefaultConfig()
+			cfg.Stage, cfg.ReduceBucketSize, cfg.OverlapComm = stage, 64, overlap
+			comms := ring(t, world)
+			params := make([][]float32, world)
+			engines := make([]*Engine, world)
+			for r := range world {
+				params[r] = make([]float32, n)
+				e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: 0.5}, Params: params[r],
+					Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n), Accum: micro})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				engines[r] = e
+			}
+			for s := 0; s < 2; s++ {
+				errs := make([]error, world)
+				var wg sync.WaitGroup
+				for r := range world {
+					wg.Add(1)
+					go func() { defer wg.Done(); errs[r] = step(engines[r], r, s, micro, 0.5) }()
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got[k] = params[0]
+		}
+		for i := range got[0] {
+			if math.Float32bits(got[0][i]) != math.Float32bits(got[1][i]) {
+				t.Fatalf("stage %d: element %d is %v with overlap, %v without", stage, i, got[0][i], got[1][i])
+			}
+		}
+	}
+}

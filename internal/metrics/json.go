@@ -94,9 +94,10 @@ type wireRecord struct {
 	SwapInRate     nullableFloat `json:"swap_in_rate,omitempty"`
 	SwapOutRate    nullableFloat `json:"swap_out_rate,omitempty"`
 
-	Memory    map[string]int64 `json:"memory,omitempty"`
-	PhaseHeap map[string]int64 `json:"phase_heap,omitempty"`
-	GPU       map[string]int64 `json:"gpu,omitempty"`
+	PhaseSeconds map[string]float64 `json:"phase_seconds,omitempty"`
+	Memory       map[string]int64   `json:"memory,omitempty"`
+	PhaseHeap    map[string]int64   `json:"phase_heap,omitempty"`
+	GPU          map[string]int64   `json:"gpu,omitempty"`
 
 	Accuracy nullableFloat `json:"accuracy,omitempty"`
 	Samples  int           `json:"samples,omitempty"`
@@ -121,6 +122,7 @@ func (r *Record) toWire() wireRecord {
 		LiveHeapBytes:  r.LiveHeapBytes,
 		SwapInRate:     nullableFloat(r.SwapInRate),
 		SwapOutRate:    nullableFloat(r.SwapOutRate),
+		PhaseSeconds:   r.PhaseSeconds,
 		Memory:         r.Memory,
 		PhaseHeap:      r.PhaseHeap,
 		GPU:            r.GPU,
@@ -148,6 +150,7 @@ func (w *wireRecord) record() Record {
 		LiveHeapBytes:  w.LiveHeapBytes,
 		SwapInRate:     float64(w.SwapInRate),
 		SwapOutRate:    float64(w.SwapOutRate),
+		PhaseSeconds:   w.PhaseSeconds,
 		Memory:         w.Memory,
 		PhaseHeap:      w.PhaseHeap,
 		GPU:            w.GPU,

@@ -130,7 +130,9 @@ func fullRecord() Record {
 		case reflect.Bool:
 			f.SetBool(true)
 		case reflect.Map:
-			f.Set(reflect.ValueOf(map[string]int64{fmt.Sprintf("k%d", i): int64(i) + 1}))
+			m := reflect.MakeMap(f.Type())
+			m.SetMapIndex(reflect.ValueOf(fmt.Sprintf("k%d", i)), reflect.ValueOf(i+1).Convert(f.Type().Elem()))
+			f.Set(m)
 		default:
 			panic("fullRecord: add a case for " + f.Kind().String())
 		}
@@ -553,11 +555,11 @@ func TestWriteCSV(t *testing.T) {
 	}
 	want := [][]string{
 		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes",
-			"available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate", "memory", "phase_heap", "gpu", "accuracy", "samples"},
+			"available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate", "phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples"},
 		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152",
-			"3145728", "4194304", "5242880", "0.5", "12", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", ""},
-		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", ""},
-		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "0.9", "10000"},
+			"3145728", "4194304", "5242880", "0.5", "12", "", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", ""},
+		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", "", ""},
+		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "0.9", "10000"},
 	}
 	if !reflect.DeepEqual(rows, want) {
 		t.Fatalf("CSV:\n got %q\nwant %q", rows, want)

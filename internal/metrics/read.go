@@ -62,7 +62,7 @@ func read(r io.Reader) ([]Record, error) {
 var CSVHeader = []string{
 	"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec",
 	"skipped", "heap_bytes", "rss_bytes", "available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate",
-	"memory", "phase_heap", "gpu", "accuracy", "samples",
+	"phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples",
 }
 
 // WriteCSV writes recs as CSV with a header row. Fields that the JSON form omits when zero
@@ -95,6 +95,7 @@ func WriteCSV(w io.Writer, recs []Record) error {
 			optUint(r.LiveHeapBytes),
 			optFloat(r.SwapInRate),
 			optFloat(r.SwapOutRate),
+			formatPairs(r.PhaseSeconds, formatFloat),
 			formatMemory(r.Memory),
 			formatMemory(r.PhaseHeap),
 			formatMemory(r.GPU),
@@ -140,6 +141,11 @@ func optUint(v uint64) string {
 // formatMemory writes the memory categories as "name=bytes" pairs sorted by name and joined
 // by spaces, one cell that a spreadsheet keeps together.
 func formatMemory(m map[string]int64) string {
+	return formatPairs(m, func(v int64) string { return strconv.FormatInt(v, 10) })
+}
+
+// formatPairs writes m as "name=value" pairs sorted by name and joined by spaces.
+func formatPairs[V any](m map[string]V, format func(V) string) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -147,7 +153,7 @@ func formatMemory(m map[string]int64) string {
 	sort.Strings(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = k + "=" + strconv.FormatInt(m[k], 10)
+		parts[i] = k + "=" + format(m[k])
 	}
 	return strings.Join(parts, " ")
 }

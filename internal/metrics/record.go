@@ -36,6 +36,11 @@ type Record struct {
 	LiveHeapBytes  uint64  `json:"live_heap_bytes,omitempty"`
 	SwapInRate     float64 `json:"swap_in_rate,omitempty"`
 	SwapOutRate    float64 `json:"swap_out_rate,omitempty"`
+	// PhaseSeconds is where the step's wall time went: "forward_backward" (the micro-batches'
+	// passes; with overlap_comm the gradient's reductions run beside them), "gradient_wait"
+	// (waiting for the reductions after the passes, and the loss and norm all-reduces),
+	// "optimizer", and "reduction" (the time the gradient's collectives took, overlapped or not).
+	PhaseSeconds map[string]float64 `json:"phase_seconds,omitempty"`
 	// Memory is what the rank holds for training by category ("device_params",
 	// "host_optimizer", ...; see zero.Memory), in bytes; zero categories are left out.
 	Memory map[string]int64 `json:"memory,omitempty"`
