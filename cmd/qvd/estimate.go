@@ -37,6 +37,9 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	precision := fs.String("precision", "", "fp32, fp16 or bf16 (default: the config's, or fp16)")
 	optimizer := fs.String("optimizer", "", "adamw, adam, sgd, adamw8bit or adam8bit (default: the config's, or adamw)")
 	accum := fs.Int("accum", 0, "micro-batches per step (default: the config's, or 1); at stage 1 without accumulation the gradient is partitioned as at stage 2")
+	microF := fs.Int("micro-batch", 0, "micro-batch for the peak estimate (default: the config's)")
+	maxSteps := fs.Int64("max-steps", 0, "steps the run takes, for the dataset pages it reads (default: the config's epochs and max_steps)")
+	testSubset := fs.Int("test-subset", 0, "test samples the run evaluates (default: the config's)")
 	recommend := fs.Bool("recommend", false, "recommend micro-batch and accumulation steps for --memory and --effective-batch")
 	memory := fs.String("memory", "", "memory budget per rank for --recommend, e.g. 24GiB, 16GB, 512MiB")
 	effective := fs.Int("effective-batch", 0, "global batch (micro × accum × world) to keep, for --recommend")
@@ -69,8 +72,10 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	}
 	in := estimateInput{world: *world, stage: 2, offload: false, precision: "fp16", optimizer: "adamw", bucket: zero.DefaultConfig().ReduceBucketSize}
 	var spec *model.Spec
+	var cfg configs.Config
 	if *cfgName != "" {
-		cfg, err := configs.Load(*cfgName)
+		var err error
+		cfg, err = configs.Load(*cfgName)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -124,6 +129,23 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	if err := in.printTable(stdout); err != nil {
 		return fail("%v", err)
 	}
+	if spec != nil && cfg.Engine == configs.EngineNative && !cfg.Device.GPU() {
+		cfg.Train.Accum = max(in.accum, 1)
+		if *microF > 0 {
+			cfg.Train.MicroBatch = *microF
+		}
+		if *maxSteps > 0 {
+			cfg.Train.MaxSteps = *maxSteps
+		}
+		if *testSubset > 0 {
+			cfg.Data.TestSubset = *testSubset
+		}
+		p, err := estimatePeak(cfg, in, spec)
+		if err != nil {
+			return fail("%v", err)
+		}
+		p.print(stdout, in)
+	}
 	if !*recommend {
 		return exitOK
 	}
@@ -141,11 +163,21 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 		if perSample, err = parseBytes(*actBytes); err != nil || perSample <= 0 {
 			return fail("--activation-bytes: %v", errOr(err, "must be > 0"))
 		}
+	case spec != nil && cfg.Engine == configs.EngineNative:
+		// The native engine's allocator at two micro-batches (evaluation batch 1).
+		var a, b int64
+		if a, err = measurePeakActivations(spec, in.format(), 8, 1); err == nil {
+			b, err = measurePeakActivations(spec, in.format(), 40, 1)
+		}
+		if err != nil {
+			return fail("measuring activation memory: %v", err)
+		}
+		perSample, source = (b-a)/32, "measured on the native engine"
 	case spec != nil:
 		if perSample, err = measureActivationBytes(spec, in.format()); err != nil {
 			return fail("measuring activation memory: %v", err)
 		}
-		source = "measured"
+		source = "measured on the gorgonia engine"
 	default:
 		return fail("--recommend needs -c CONFIG (to measure activation memory per sample) or --activation-bytes")
 	}

@@ -17,7 +17,8 @@ import (
 // (fp32 AdamW, micro-batch 16) at stages 0, 1 and 2, and each stage's largest worker
 // high-water RSS (wait4's ru_maxrss, which `qvd launch` prints) is compared. Stage 1 without
 // accumulation and stage 2 hold 7Ψ of model states where stage 0 holds 16Ψ: the RSS must
-// shrink by at least 85% of that, and to at most 0.6× stage 0 (stage 1) and 0.55× (stage 2).
+// shrink by at least 85% of that, and to at most 0.6× stage 0 (stage 1) and 0.55× (stage 2);
+// and qvd estimate must predict each peak within 15%.
 func TestZeroStagesRSS(t *testing.T) {
 	needDataset(t)
 	t.Setenv(asQVD, "1")
@@ -56,6 +57,21 @@ func TestZeroStagesRSS(t *testing.T) {
 			t.Fatal(err)
 		}
 		return float64(m.Total())
+	}
+	// qvd estimate's prediction of the same peaks.
+	for stage := 0; stage <= 2; stage++ {
+		c := cfg
+		c.Train.MicroBatch, c.Train.MaxSteps, c.Data.TestSubset = 16, 3, 500
+		in := estimateInput{elems: model.NewLayout(spec).Size, world: 4, stage: stage, precision: "fp32", optimizer: "adamw", accum: 1}
+		p, err := estimatePeak(c, in, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := float64(p.total())/peak[stage] - 1
+		t.Logf("stage %d: qvd estimate predicts %.1f MiB, %+.1f%% off the measured peak", stage, float64(p.total())/(1<<20), 100*off)
+		if off > 0.15 || off < -0.15 {
+			t.Errorf("stage %d: qvd estimate predicts %.1f MiB, the measured peak is %.1f MiB (more than 15%% off)", stage, float64(p.total())/(1<<20), peak[stage]/(1<<20))
+		}
 	}
 	for _, stage := range []int{1, 2} {
 		saved, want := peak[0]-peak[stage], states(0)-states(stage)
