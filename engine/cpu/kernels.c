@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 // The hot loops are compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks the
@@ -12,14 +13,57 @@
 #define MULTI
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define QVD_X86 1
+// has512 says the CPU runs AVX-512F: the short-row kernels below then use masked loads and
+// stores, one instruction for a row of up to 16 floats (an image row of a small feature map,
+// which a vectorised loop never reaches the body of).
+static int has512(void) {
+	static int v = -1;
+	if (v < 0) v = __builtin_cpu_supports("avx512f");
+	return v;
+}
+__attribute__((target("avx512f"))) static inline __mmask16 tailmask(long n) {
+	return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+// copy512 and add512 copy or add n floats, 16 at a time with a masked tail.
+__attribute__((target("avx512f"))) static inline void copy512(float *d, const float *s, long n) {
+	for (long i = 0; i < n; i += 16) {
+		__mmask16 m = tailmask(n - i);
+		_mm512_mask_storeu_ps(d + i, m, _mm512_maskz_loadu_ps(m, s + i));
+	}
+}
+__attribute__((target("avx512f"))) static inline void add512(float *d, const float *s, long n) {
+	for (long i = 0; i < n; i += 16) {
+		__mmask16 m = tailmask(n - i);
+		_mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), _mm512_maskz_loadu_ps(m, s + i)));
+	}
+}
+#endif
+
 void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, const float *a, long lda,
                const float *b, long ldb, float beta, float *c, long ldc) {
 	cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
 	            (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+// With "same" padding (the output as large as the input), row (ch, ki, kj) of a sample's
+// unfolding is the channel's plane shifted by d = (ki-pad)·w + (kj-pad): one long contiguous
+// copy, then zeros where the shift reads outside the plane (whole rows at either end) or
+// wraps round a row's edge (|kj-pad| columns per row). That is a few vector instructions per
+// row of oh·ow values instead of a loop per image row, which is what dominated with small
+// feature maps (rows of 7 to 28 values).
+static inline void shift_bounds(long d, long n, long *lo, long *hi) {
+	*lo = d < 0 ? -d : 0;
+	*hi = n - d < n ? n - d : n;
+	if (*lo > n) *lo = n;
+	if (*hi < *lo) *hi = *lo;
+}
+
 MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long w, long k, long pad) {
 	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+	const int same = oh == h && ow == w;
 	for (long ch = 0; ch < c; ch++) {
 		const float *plane = x + ch * h * w;
 		for (long ki = 0; ki < k; ki++) {
@@ -30,6 +74,20 @@ MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long
 				long x1 = w + pad - kj;
 				if (x1 > ow) x1 = ow;
 				const long shift = kj - pad;
+				if (same) {
+					const long n = h * w, d = (ki - pad) * w + shift;
+					long lo, hi;
+					shift_bounds(d, n, &lo, &hi);
+					for (long t = 0; t < lo; t++) row[t] = 0;
+					for (long t = lo; t < hi; t++) row[t] = plane[t + d];
+					for (long t = hi; t < n; t++) row[t] = 0;
+					for (long oy = 0; oy < oh; oy++) {
+						float *r = row + oy * ow;
+						for (long ox = 0; ox < x0; ox++) r[ox] = 0;
+						for (long ox = x1; ox < ow; ox++) r[ox] = 0;
+					}
+					continue;
+				}
 				for (long oy = 0; oy < oh; oy++) {
 					const long iy = oy + ki - pad;
 					float *r = row + oy * ow;
@@ -37,11 +95,13 @@ MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long
 						for (long ox = 0; ox < ow; ox++) r[ox] = 0;
 						continue;
 					}
-					// Rows are short (an image row): a loop the compiler vectorises beats
-					// a call to memcpy.
 					const float *src = plane + iy * w;
 					for (long ox = 0; ox < x0; ox++) r[ox] = 0;
-					for (long ox = x0; ox < x1; ox++) r[ox] = src[ox + shift];
+#ifdef QVD_X86
+					if (has512()) copy512(r + x0, src + x0 + shift, x1 - x0);
+					else
+#endif
+						for (long ox = x0; ox < x1; ox++) r[ox] = src[ox + shift];
 					for (long ox = x1; ox < ow; ox++) r[ox] = 0;
 				}
 			}
@@ -51,6 +111,14 @@ MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long
 
 MULTI void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, long w, long k, long pad) {
 	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+	int same = oh == h && ow == w;
+	// Same padding: each row goes through tmp, with its wrapped columns zeroed.
+	float small[4096];
+	float *tmp = small;
+	if (same && h * w > 4096) {
+		tmp = malloc((size_t)(h * w) * sizeof(float));
+		if (!tmp) same = 0; // fall back to the row loop: no memory to spare is no error here
+	}
 	memset(dx, 0, (size_t)(c * h * w) * sizeof(float));
 	for (long ch = 0; ch < c; ch++) {
 		float *plane = dx + ch * h * w;
@@ -60,16 +128,38 @@ MULTI void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, lon
 				const long x0 = pad - kj > 0 ? pad - kj : 0;
 				long x1 = w + pad - kj;
 				if (x1 > ow) x1 = ow;
+				if (same) {
+					// The adjoint of the shifted copy: add the row back shifted, without the
+					// entries that read padding (wrapped columns, rows outside the plane).
+					const long n = h * w, d = (ki - pad) * w + (kj - pad);
+					long lo, hi;
+					shift_bounds(d, n, &lo, &hi);
+					for (long t = lo; t < hi; t++) tmp[t] = row[t];
+					for (long oy = lo / ow; oy <= (hi - 1) / ow && hi > lo; oy++) {
+						float *r = tmp + oy * ow;
+						for (long ox = 0; ox < x0; ox++) r[ox] = 0;
+						for (long ox = x1; ox < ow; ox++) r[ox] = 0;
+					}
+					for (long t = lo; t < hi; t++) plane[t + d] += tmp[t];
+					continue;
+				}
 				for (long oy = 0; oy < oh; oy++) {
 					const long iy = oy + ki - pad;
 					if (iy < 0 || iy >= h || x1 <= x0) continue;
 					float *d = plane + iy * w;
 					const float *r = row + oy * ow;
+#ifdef QVD_X86
+					if (has512()) {
+						add512(d + x0 + kj - pad, r + x0, x1 - x0);
+						continue;
+					}
+#endif
 					for (long ox = x0; ox < x1; ox++) d[ox + kj - pad] += r[ox];
 				}
 			}
 		}
 	}
+	if (tmp != small) free(tmp);
 }
 
 void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, long n, long c,
@@ -146,7 +236,56 @@ MULTI void qvd_sum_rows(float *acc, const float *x, long rows, long cols, int pe
 	}
 }
 
-MULTI void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base) {
+#ifdef QVD_X86
+// maxpool512 pools output rows of up to 16 windows: the two input rows are loaded as two
+// vectors each, split into their even and odd columns, and compared in row-major order
+// (strictly greater, so the first maximum wins, as the scalar code does).
+__attribute__((target("avx512f"))) static void maxpool512(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base) {
+	const long oh = h / 2, ow = w / 2;
+	const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+	const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+	const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
+	for (long p = 0; p < planes; p++) {
+		const float *xp = x + p * h * w;
+		for (long oy = 0; oy < oh; oy++) {
+			const float *r0 = xp + 2 * oy * w, *r1 = r0 + w;
+			const int32_t at = (int32_t)(base + p * h * w + 2 * oy * w);
+			for (long ox = 0; ox < ow; ox += 16) {
+				const long n = ow - ox < 16 ? ow - ox : 16;
+				const __mmask16 m = tailmask(n);
+				const __mmask16 lo = tailmask(2 * n), hi = 2 * n > 16 ? tailmask(2 * n - 16) : 0;
+				const long j = 2 * ox;
+				__m512 a0 = _mm512_maskz_loadu_ps(lo, r0 + j), a1 = _mm512_maskz_loadu_ps(hi, r0 + j + 16);
+				__m512 b0 = _mm512_maskz_loadu_ps(lo, r1 + j), b1 = _mm512_maskz_loadu_ps(hi, r1 + j + 16);
+				__m512 v00 = _mm512_permutex2var_ps(a0, even, a1), v01 = _mm512_permutex2var_ps(a0, odd, a1);
+				__m512 v10 = _mm512_permutex2var_ps(b0, even, b1), v11 = _mm512_permutex2var_ps(b0, odd, b1);
+				__m512i base0 = _mm512_add_epi32(_mm512_set1_epi32(at + (int32_t)j), lane2);
+				__m512 mx = v00;
+				__m512i bi = base0;
+				__mmask16 g = _mm512_cmp_ps_mask(v01, mx, _CMP_GT_OQ);
+				mx = _mm512_mask_mov_ps(mx, g, v01);
+				bi = _mm512_mask_add_epi32(bi, g, base0, _mm512_set1_epi32(1));
+				g = _mm512_cmp_ps_mask(v10, mx, _CMP_GT_OQ);
+				mx = _mm512_mask_mov_ps(mx, g, v10);
+				bi = _mm512_mask_add_epi32(bi, g, base0, _mm512_set1_epi32((int32_t)w));
+				g = _mm512_cmp_ps_mask(v11, mx, _CMP_GT_OQ);
+				mx = _mm512_mask_mov_ps(mx, g, v11);
+				bi = _mm512_mask_add_epi32(bi, g, base0, _mm512_set1_epi32((int32_t)w + 1));
+				_mm512_mask_storeu_ps(y + (p * oh + oy) * ow + ox, m, mx);
+				_mm512_mask_storeu_epi32(idx + (p * oh + oy) * ow + ox, m, bi);
+			}
+		}
+	}
+}
+#endif
+
+void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base) {
+#ifdef QVD_X86
+	if (has512()) {
+		maxpool512(y, idx, x, planes, h, w, base);
+		return;
+	}
+#endif
 	const long oh = h / 2, ow = w / 2;
 	for (long p = 0; p < planes; p++) {
 		const float *xp = x + p * h * w;
@@ -155,19 +294,13 @@ MULTI void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, lon
 			float *yo = y + (p * oh + oy) * ow;
 			int32_t *io = idx + (p * oh + oy) * ow;
 			const int32_t at = (int32_t)(base + p * h * w + 2 * oy * w);
-			// Branch-free selects in row-major order, strictly greater: the first maximum
-			// wins, and the loop vectorises.
 			for (long ox = 0; ox < ow; ox++) {
 				const long j = 2 * ox;
 				float m = r0[j];
 				int32_t b = at + (int32_t)j;
-				const float a1 = r0[j + 1], a2 = r1[j], a3 = r1[j + 1];
-				b = a1 > m ? at + (int32_t)j + 1 : b;
-				m = a1 > m ? a1 : m;
-				b = a2 > m ? at + (int32_t)(w + j) : b;
-				m = a2 > m ? a2 : m;
-				b = a3 > m ? at + (int32_t)(w + j + 1) : b;
-				m = a3 > m ? a3 : m;
+				if (r0[j + 1] > m) m = r0[j + 1], b = at + (int32_t)j + 1;
+				if (r1[j] > m) m = r1[j], b = at + (int32_t)(w + j);
+				if (r1[j + 1] > m) m = r1[j + 1], b = at + (int32_t)(w + j + 1);
 				yo[ox] = m;
 				io[ox] = b;
 			}
