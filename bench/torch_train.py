@@ -70,6 +70,8 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["mlp", "cnn", "mlp-big"], default="mlp")
+    ap.add_argument("--channels", default="32,64",
+                    help="the CNN's two conv widths (configs/fashion-cnn.yaml's model.channels)")
     ap.add_argument("--batch", type=int, default=64, help="batch per process (global = world x batch)")
     ap.add_argument("--steps", type=int, default=300, help="timed steps")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
@@ -87,6 +89,9 @@ def parse_args():
                     help="tuned: glibc keeps freed memory instead of unmapping it (see the top of the file)")
     ap.add_argument("--seed", type=int, default=42)
     a = ap.parse_args()
+    chans = [int(c) for c in a.channels.split(",") if c.strip().isdigit()]
+    if len(chans) != 2 or min(chans) < 1:
+        ap.error("--channels: want two positive widths, e.g. 32,64")
     if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.world < 1 or min(a.threads, a.blas_threads, a.epochs) < 0:
         ap.error("--batch, --steps, --world must be >= 1; --warmup, --threads, --blas-threads, --epochs >= 0")
     if a.epochs and a.random:
@@ -138,16 +143,17 @@ def load(a, split, shape):
     return x.reshape(len(x), *shape).contiguous(), y.long()
 
 
-def build(name):
+def build(name, channels=(32, 64)):
     if name == "mlp":
         return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
     if name == "mlp-big":
         return nn.Sequential(nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
                              nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
+    c1, c2 = channels
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+        nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(c2 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
 def lr_factor(kind, s, total):
@@ -181,7 +187,7 @@ def train(rank, a):
     shape = (784,) if a.model.startswith("mlp") else (1, 28, 28)
     xtr, ytr = load(a, "train", shape)
     torch.manual_seed(a.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    net = build(a.model)
+    net = build(a.model, tuple(int(c) for c in a.channels.split(",")))
     nparams = sum(p.numel() for p in net.parameters())
     model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
     params = list(model.parameters())

@@ -9,7 +9,6 @@ import (
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/engine"
-	"github.com/qvd/qvd/engine/cpu"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/memory"
@@ -148,14 +147,22 @@ func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
 		}
 		dev = d
 	} else {
-		dev = cpu.New(cpu.Options{Threads: cfg.Train.Threads, Limit: uint64(cfg.Memory.Limit)})
+		d, err := newCPUDevice(nil, cfg.Train.Threads, uint64(cfg.Memory.Limit))
+		if err != nil {
+			return nil, err
+		}
+		dev = d
 	}
 	alloc := engine.NewAllocator(dev)
 	p := &microProbe{close: func() { alloc.Close(); dev.Close() }}
 	// The device's memory, shared by the workers that may share it (all of them, at worst,
-	// as with qvd launch on one GPU); a device that does not say (the CPU backend without
-	// memory.limit, the reference) uses the host's figure.
+	// as with qvd launch on one GPU); on the CPU, memory.limit is this worker's own budget;
+	// a device that does not say (the CPU backend without memory.limit, the reference) uses
+	// the host's figure.
 	p.budget = int64(dev.TotalMemory()) / int64(world)
+	if !cfg.Device.GPU() {
+		p.budget = int64(cfg.Memory.Limit)
+	}
 	if p.budget == 0 {
 		p.budget = budgetFor(cfg, world)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/engine"
-	"github.com/qvd/qvd/engine/cpu"
 	"github.com/qvd/qvd/internal/blas"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
@@ -92,7 +91,12 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		}
 		dev = d
 	} else {
-		dev = cpu.New(cpu.Options{Pool: e.pool, Limit: uint64(cfg.Memory.Limit)})
+		d, err := newCPUDevice(e.pool, 0, uint64(cfg.Memory.Limit))
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		dev = d
 	}
 	e.closers = append(e.closers, func() { dev.Close() })
 	alloc := engine.NewAllocator(dev)

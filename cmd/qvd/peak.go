@@ -7,7 +7,6 @@ import (
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/engine"
-	"github.com/qvd/qvd/engine/cpu"
 	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/model"
@@ -74,7 +73,10 @@ func measurePeakActivations(spec *model.Spec, f half.Format, micro, evalBatch in
 	}
 	defer blk.Free()
 	model.Init(spec, layout, params, 1)
-	dev := cpu.New(cpu.Options{})
+	dev, err := newCPUDevice(nil, 0, 0)
+	if err != nil {
+		return 0, err
+	}
 	defer dev.Close()
 	alloc := engine.NewAllocator(dev)
 	defer alloc.Close()

@@ -28,8 +28,10 @@ type Options struct {
 	// so one set of goroutines owns the cores.
 	Pool    *offload.Pool
 	Threads int
-	// Limit caps the bytes Malloc may hold (0: none): out-of-memory behaviour, and micro_batch:
-	// auto's search, on a machine with more memory than the job may use.
+	// Limit caps the memory the process holds outside the Go heap (every internal/arena block:
+	// parameters, gradients, optimizer state, buffers and this device's activations; 0: none):
+	// a Malloc that would pass it fails with memory.ErrOutOfMemory, which the trainer turns
+	// into a skipped micro-batch and, repeated, a smaller one (memory.limit).
 	Limit uint64
 }
 
@@ -87,7 +89,7 @@ func (d *Device) Name() string {
 // Threads is the number of goroutines the device's passes run on.
 func (d *Device) Threads() int { return d.threads }
 
-// TotalMemory is the configured limit (0: none).
+// TotalMemory is the configured limit (0: none): the whole budget, model states included.
 func (d *Device) TotalMemory() uint64 { return d.limit }
 
 // Malloc maps a block outside the Go heap (internal/arena, accounted as activations).
@@ -98,9 +100,11 @@ func (d *Device) Malloc(n int, t engine.DType) (engine.Buf, error) {
 	bytes := uint64(n * t.Size())
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.limit > 0 && d.used+bytes > d.limit {
-		return engine.Buf{}, fmt.Errorf("%w: %s on the CPU device (%s of its %s limit in use)", memory.ErrOutOfMemory,
-			memstat.FormatBytes(bytes), memstat.FormatBytes(d.used), memstat.FormatBytes(d.limit))
+	if d.limit > 0 {
+		if held := uint64(arena.Snapshot().Total); held+bytes > d.limit {
+			return engine.Buf{}, fmt.Errorf("%w: %s on the CPU device: %s is held outside the Go heap, of the %s limit (memory.limit)", memory.ErrOutOfMemory,
+				memstat.FormatBytes(bytes), memstat.FormatBytes(held), memstat.FormatBytes(d.limit))
+		}
 	}
 	blk, err := arena.Alloc(int(bytes), arena.Activations)
 	if err != nil {
