@@ -3,6 +3,8 @@ package offload
 import (
 	"runtime"
 	"sync"
+
+	"github.com/qvd/qvd/internal/vec"
 )
 
 // Ranger is one parallel pass over a flat index space: Pool.Run calls Range on disjoint,
@@ -180,23 +182,9 @@ func (k *sumSquaresPass) Range(lo, hi int) {
 	}
 }
 
-// sumSquares uses four accumulators, combined in a fixed order, so that consecutive float64
-// additions do not wait on each other's latency.
-func sumSquares(x []float32) float64 {
-	var a0, a1, a2, a3 float64
-	for len(x) >= 4 {
-		x0, x1, x2, x3 := float64(x[0]), float64(x[1]), float64(x[2]), float64(x[3])
-		a0 += x0 * x0
-		a1 += x1 * x1
-		a2 += x2 * x2
-		a3 += x3 * x3
-		x = x[4:]
-	}
-	for _, v := range x {
-		a0 += float64(v) * float64(v)
-	}
-	return (a0 + a1) + (a2 + a3)
-}
+// sumSquares is one chunk's sum: internal/vec's, eight float64 lanes in a fixed order (AVX2
+// where the CPU has it), so a chunk's bits are the same on every CPU and build.
+func sumSquares(x []float32) float64 { return vec.SumSquares(x) }
 
 // Scale multiplies x by s in place, in parallel, without allocating. Each element is rounded
 // once, so the result does not depend on the thread count.
