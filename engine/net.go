@@ -698,7 +698,7 @@ func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, 
 				// input's columns r0..r1 (transposed) times dy.
 				p.fail(n.grad(l.Weight, beta, func(g Buf, beta float32, lo, hi int) {
 					r0, r1 := lo/l.Out, hi/l.Out
-					x := s.in.Slice(r0, r0+stridedLen(rows, r1-r0, l.In))
+					x := s.in.Slice(r0, r0+StridedLen(rows, r1-r0, l.In))
 					n.dev.GemmLD(true, false, r1-r0, l.Out, rows, 1, x, l.In, dy, l.Out, beta, g, l.Out)
 				}))
 			}

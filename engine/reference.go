@@ -225,25 +225,11 @@ func (h *Reference) Copy(dst, src Buf) {
 }
 
 func (h *Reference) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b Buf, beta float32, c Buf) {
-	lda, ldb := k, n
-	if transA {
-		lda = m
-	}
-	if transB {
-		ldb = k
-	}
 	if !h.check(a.N == m*k && b.N == k*n && c.N == m*n, "gemm %dx%dx%d on buffers of %d, %d, %d", m, n, k, a.N, b.N, c.N) {
 		return
 	}
-	h.GemmLD(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, n)
-}
-
-// stridedLen is the extent of a rows×cols row-major matrix whose rows are ld apart.
-func stridedLen(rows, cols, ld int) int {
-	if rows == 0 || cols == 0 {
-		return 0
-	}
-	return (rows-1)*ld + cols
+	lda, ldb := ContiguousLDs(transA, transB, m, n, k)
+	h.GemmLD(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, max(n, 1))
 }
 
 func (h *Reference) GemmLD(transA, transB bool, m, n, k int, alpha float32, a Buf, lda int, b Buf, ldb int, beta float32, c Buf, ldc int) {
@@ -251,16 +237,7 @@ func (h *Reference) GemmLD(transA, transB bool, m, n, k int, alpha float32, a Bu
 	if A == nil || B == nil || C == nil {
 		return
 	}
-	ar, ac := m, k // stored shape of A
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
-	if !h.check(m >= 0 && n >= 0 && k >= 0 && lda >= ac && ldb >= bc && ldc >= n &&
-		len(A) >= stridedLen(ar, ac, lda) && len(B) >= stridedLen(br, bc, ldb) && len(C) >= stridedLen(m, n, ldc),
+	if !h.check(GemmFits(transA, transB, m, n, k, len(A), lda, len(B), ldb, len(C), ldc),
 		"gemm %dx%dx%d (ld %d, %d, %d) on buffers of %d, %d, %d", m, n, k, lda, ldb, ldc, len(A), len(B), len(C)) {
 		return
 	}

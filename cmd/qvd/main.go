@@ -23,7 +23,7 @@ const (
 	exitInterrupted = 130 // stopped by SIGINT/SIGTERM after saving a checkpoint (128+SIGINT, as shells report)
 )
 
-const usage = `qvd — a distributed deep-learning trainer in one static binary
+const usage = `qvd — a distributed deep-learning trainer in one binary
 
 Usage:
   qvd train [-c CONFIG] [flags]   train a model (default config: the embedded fashion-mlp)

@@ -94,39 +94,16 @@ func cbool(b bool) C.int {
 	return 0
 }
 
-// stridedLen is the extent of a rows×cols row-major matrix whose rows are ld apart.
-func stridedLen(rows, cols, ld int) int {
-	if rows == 0 || cols == 0 {
-		return 0
-	}
-	return (rows-1)*ld + cols
-}
-
 func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b engine.Buf, beta float32, c engine.Buf) {
-	lda, ldb := k, n
-	if transA {
-		lda = m
-	}
-	if transB {
-		ldb = k
-	}
 	if !d.check(a.N == m*k && b.N == k*n && c.N == m*n, "gemm %dx%dx%d on buffers of %d, %d, %d", m, n, k, a.N, b.N, c.N) {
 		return
 	}
-	d.GemmLD(transA, transB, m, n, k, alpha, a, max(lda, 1), b, max(ldb, 1), beta, c, max(n, 1))
+	lda, ldb := engine.ContiguousLDs(transA, transB, m, n, k)
+	d.GemmLD(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, max(n, 1))
 }
 
 func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engine.Buf, lda int, b engine.Buf, ldb int, beta float32, c engine.Buf, ldc int) {
-	ar, ac := m, k
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
-	if !d.check(m >= 0 && n >= 0 && k >= 0 && lda >= max(ac, 1) && ldb >= max(bc, 1) && ldc >= max(n, 1) &&
-		a.N >= stridedLen(ar, ac, lda) && b.N >= stridedLen(br, bc, ldb) && c.N >= stridedLen(m, n, ldc),
+	if !d.check(engine.GemmFits(transA, transB, m, n, k, a.N, lda, b.N, ldb, c.N, ldc),
 		"gemm %dx%dx%d (ld %d, %d, %d) on buffers of %d, %d, %d", m, n, k, lda, ldb, ldc, a.N, b.N, c.N) ||
 		!d.check(a.T.Float() && b.T.Float() && c.T.Float(), "gemm of %v·%v into %v", a.T, b.T, c.T) {
 		return

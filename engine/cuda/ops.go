@@ -16,26 +16,12 @@ import (
 // swap places and keep their transpose flags. A and B must have one type; C that type or f32.
 // As in BLAS, C is not read when beta is 0.
 func (d *Device) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b engine.Buf, beta float32, c engine.Buf) {
-	lda, ldb := k, n
-	if transA {
-		lda = m
-	}
-	if transB {
-		ldb = k
-	}
 	if !d.need(a.N == m*k && b.N == k*n && c.N == m*n, "Gemm",
 		"a, b, c have %d, %d, %d elements; m, n, k = %d, %d, %d need %d, %d, %d", a.N, b.N, c.N, m, n, k, m*k, k*n, m*n) {
 		return
 	}
-	d.GemmLD(transA, transB, m, n, k, alpha, a, max(lda, 1), b, max(ldb, 1), beta, c, max(n, 1))
-}
-
-// stridedLen is the extent of a rows×cols row-major matrix whose rows are ld apart.
-func stridedLen(rows, cols, ld int) int {
-	if rows == 0 || cols == 0 {
-		return 0
-	}
-	return (rows-1)*ld + cols
+	lda, ldb := engine.ContiguousLDs(transA, transB, m, n, k)
+	d.GemmLD(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, max(n, 1))
 }
 
 // GemmLD is cublasGemmEx on row-major matrices with leading dimensions: the row-major product
@@ -44,18 +30,9 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 	const op = "Gemm"
 	ok := d.begin()
 	defer d.exit()
-	ar, ac := m, k
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
 	if !ok || !d.bufs(op, a, b, c) ||
 		!d.need(m >= 0 && n >= 0 && k >= 0 && max(m, n, k, lda, ldb, ldc) <= math.MaxInt32, op, "invalid shape m, n, k = %d, %d, %d", m, n, k) ||
-		!d.need(lda >= max(ac, 1) && ldb >= max(bc, 1) && ldc >= max(n, 1) &&
-			a.N >= stridedLen(ar, ac, lda) && b.N >= stridedLen(br, bc, ldb) && c.N >= stridedLen(m, n, ldc), op,
+		!d.need(engine.GemmFits(transA, transB, m, n, k, a.N, lda, b.N, ldb, c.N, ldc), op,
 			"a, b, c have %d, %d, %d elements; m, n, k = %d, %d, %d with leading dimensions %d, %d, %d", a.N, b.N, c.N, m, n, k, lda, ldb, ldc) ||
 		!d.need(a.T.Float() && b.T == a.T && (c.T == a.T || c.T == engine.F32), op,
 			"types %v·%v into %v: A and B need one floating-point type, C that type or f32", a.T, b.T, c.T) {

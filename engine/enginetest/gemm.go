@@ -37,13 +37,8 @@ func stored(rows, cols int, trans bool) (r, c int) {
 	return rows, cols
 }
 
-// stridedLen is the extent of a rows×cols matrix whose rows lie ld apart.
-func stridedLen(rows, cols, ld int) int {
-	if rows == 0 || cols == 0 {
-		return 0
-	}
-	return (rows-1)*ld + cols
-}
+// stridedLen is engine.StridedLen.
+var stridedLen = engine.StridedLen
 
 // strided allocates a rows×cols matrix of type t whose rows lie ld apart (ld 0: cols), with
 // the gaps set to gap and the rows to N(0, 1) draws (nil vals) or vals; it returns the view
