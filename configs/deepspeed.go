@@ -68,6 +68,11 @@ func ApplyDeepSpeed(c *Config, text []byte) (DeepSpeedResult, error) {
 	if err != nil {
 		return res, err
 	}
+	// encoding/json keeps the last of two equal keys without a word; the YAML loader refuses
+	// duplicates, and so does this.
+	if err := duplicateKeys(text); err != nil {
+		return res, err
+	}
 	var micro, accum, total int
 	for _, key := range sortedKeys(top) {
 		raw := top[key]
@@ -407,6 +412,67 @@ func dsZero(c *Config, raw json.RawMessage) ([]string, error) {
 }
 
 // ---- small JSON helpers with errors that name the key ----
+
+// duplicateKeys walks the first JSON value of text as a token stream and reports the first
+// key an object defines twice, with its path and both lines:
+// "zero_optimization.stage (line 7): key already defined at line 4". Text that is not JSON
+// is left to the decoder's own error (nil here).
+func duplicateKeys(text []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.UseNumber() // numbers are skipped, not parsed
+	lines := lineIndex(text)
+	var walk func(path string) (dup error, ok bool)
+	walk = func(path string) (error, bool) {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]int{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil, false
+				}
+				k, _ := kt.(string)
+				key, line := join(path, k), lines(dec.InputOffset())
+				if first, dup := seen[k]; dup {
+					return fmt.Errorf("%s (line %d): key already defined at line %d", key, line, first), true
+				}
+				seen[k] = line
+				if dup, ok := walk(key); dup != nil || !ok {
+					return dup, ok
+				}
+			}
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if dup, ok := walk(fmt.Sprintf("%s[%d]", path, i)); dup != nil || !ok {
+					return dup, ok
+				}
+			}
+		default:
+			return nil, true // a scalar
+		}
+		_, err = dec.Token() // the closing '}' or ']'
+		return nil, err == nil
+	}
+	dup, _ := walk("")
+	return dup
+}
+
+// lineIndex returns a function from a byte offset in text to its 1-based line.
+func lineIndex(text []byte) func(offset int64) int {
+	var starts []int64 // offsets just after each newline
+	for i, c := range text {
+		if c == '\n' {
+			starts = append(starts, int64(i+1))
+		}
+	}
+	return func(offset int64) int {
+		return 1 + sort.Search(len(starts), func(i int) bool { return starts[i] > offset })
+	}
+}
 
 // typeAndParams splits DeepSpeed's {"type": ..., "params": {...}} blocks.
 func typeAndParams(raw json.RawMessage, name string) (typ string, params map[string]json.RawMessage, err error) {

@@ -135,13 +135,19 @@ func decodeStrict(node *yaml.Node, v reflect.Value, path string, errs *[]error) 
 		}
 		// A numeric field tagged `auto:"N"` also takes the word auto, stored as N (e.g.
 		// train.micro_batch: auto, resolved before training).
-		if a, ok := t.Field(fi).Tag.Lookup("auto"); ok && val.Kind == yaml.ScalarNode && val.Value == "auto" {
+		a, isAuto := t.Field(fi).Tag.Lookup("auto")
+		if isAuto && val.Kind == yaml.ScalarNode && val.Value == "auto" {
 			if n, err := strconv.ParseInt(a, 10, 64); err == nil && v.Field(fi).CanInt() {
 				v.Field(fi).SetInt(n)
 				continue
 			}
 		}
 		decodeStrict(val, v.Field(fi), key, errs)
+		// The stored N is negative: a negative number written in the file would otherwise
+		// pass for auto (micro_batch: -1). Only the word auto means auto.
+		if isAuto && v.Field(fi).CanInt() && v.Field(fi).Int() < 0 {
+			*errs = append(*errs, fmt.Errorf("%s (line %d): must be a positive number or auto, got %d", key, val.Line, v.Field(fi).Int()))
+		}
 	}
 }
 

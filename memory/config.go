@@ -15,9 +15,11 @@ type Config struct {
 	// LogEvery is how often, in optimizer steps, the monitor's line is logged (besides when a
 	// new peak is reached and when the host comes under pressure); 0 logs only those.
 	LogEvery int `yaml:"log_every" json:"log_every"`
-	// MinAvailable is the host's available memory (MemAvailable) below which the monitor
-	// reports pressure: a share of the machine's total ("10%") or an amount ("2GiB"); "0"
-	// turns the check off (swapping is still reported).
+	// MinAvailable is the available memory below which the monitor reports pressure: a
+	// share of the total ("10%") or an amount ("2GiB"); "0" turns the check off (swapping
+	// and OOM kills are still reported). Available and total are the host's (MemAvailable,
+	// MemTotal), or the memory cgroup's (limit less working set, limit) where its limit is
+	// lower: inside docker --memory or a SLURM job.
 	MinAvailable Threshold `yaml:"min_available" json:"min_available"`
 	// Limit is the Go runtime's soft memory limit (runtime/debug.SetMemoryLimit) in bytes,
 	// e.g. 24GiB; 0 sets none. It bounds what the Go runtime maps (heap, stacks, runtime

@@ -18,8 +18,12 @@
 // what the graph and the collectives add on top of them.
 //
 // Pressure says whether the host is running short: available memory below
-// memory.min_available, or pages swapped in or out since the previous sample. The monitor
-// only reports it; the caller decides what to do (warn, shrink the micro-batch).
+// memory.min_available, pages swapped in or out since the previous sample, or a process
+// OOM-killed under the memory cgroup's limit since then. Available memory is the smaller of
+// the machine's MemAvailable and the memory cgroup's limit less its working set (docker
+// --memory, a SLURM job), and a percentage min_available is of the smaller of MemTotal and
+// that limit (see internal/memstat); Report.LimitLine says which applies. The monitor only
+// reports it; the caller decides what to do (warn, shrink the micro-batch).
 //
 // Measure (and Monitor.Measure) is a scoped measure, the memory guides' MemoryMonitor context
 // manager: the change in heap and RSS, and the bytes allocated, across one operation.

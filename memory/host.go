@@ -50,8 +50,14 @@ var (
 // NewHost returns the HostSource of this process and machine.
 func NewHost() HostSource { return newHost(memstat.NewReader()) }
 
-// NewHostAt reads the /proc files under root instead of /proc (tests).
+// NewHostAt reads the /proc files under root instead of /proc, and no cgroup (tests).
 func NewHostAt(root string) HostSource { return newHost(memstat.NewReaderAt(root)) }
+
+// NewHostAtRoots reads the /proc files under proc and the memory cgroup they name with its
+// mount points under root instead of / (tests; see memstat.NewReaderAtRoots).
+func NewHostAtRoots(proc, root string) HostSource {
+	return newHost(memstat.NewReaderAtRoots(proc, root))
+}
 
 func newHost(r *memstat.Reader) *host {
 	return &host{r: r, samples: []metrics.Sample{

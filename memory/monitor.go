@@ -189,9 +189,15 @@ type Report struct {
 	// have passed (Periodic), the live heap reached a new peak, 10% above the largest logged
 	// (NewPeak), or pressure began (PressureStarted).
 	Log, First, Periodic, NewPeak bool
-	// Pressure says the host is short of memory now; Reason gives the numbers.
+	// Pressure says the host (or this process's memory cgroup, when its limit is the one
+	// that applies: Host.LimitedBy) is short of memory now; Reason gives the numbers.
+	// PressureStarted is set when pressure begins, and again whenever the cgroup's OOM
+	// killer has struck since the previous Observe, so that each kill is reported once.
 	Pressure, PressureStarted bool
 	Reason                    string
+	// NewOOMKills is how many processes the OOM killer took under the memory cgroup's limit
+	// since the previous Observe (the rise of Host.CgroupOOMKills; zero at the first).
+	NewOOMKills uint64
 }
 
 // Observe takes the step's sample: host figures, swap rates, peaks, the caller's accounting
@@ -209,6 +215,9 @@ func (m *Monitor) Observe(step int64, accounted map[string]int64) Report {
 		dt := float64(now-m.mu.lastNanos) / 1e9
 		m.mu.swapIn = rate(m.mu.last.SwapInPages, s.SwapInPages, dt)
 		m.mu.swapOut = rate(m.mu.last.SwapOutPages, s.SwapOutPages, dt)
+	}
+	if m.mu.lastNanos != 0 && s.CgroupOOMKills > m.mu.last.CgroupOOMKills {
+		r.NewOOMKills = s.CgroupOOMKills - m.mu.last.CgroupOOMKills
 	}
 	m.mu.last, m.mu.lastNanos = s, now
 	r.SwapInRate, r.SwapOutRate = m.mu.swapIn, m.mu.swapOut
@@ -231,8 +240,8 @@ func (m *Monitor) Observe(step int64, accounted map[string]int64) Report {
 	r.Accounted, r.MaxAccounted = total, m.mu.maxAcct
 
 	r.MinAvailable = m.cfg.MinAvailable.Of(s.Total)
-	r.Pressure, r.Reason = pressure(s, r.MinAvailable, m.cfg.MinAvailable, r.SwapInRate, r.SwapOutRate)
-	r.PressureStarted = r.Pressure && !m.mu.pressure
+	r.Pressure, r.Reason = pressure(s, r.MinAvailable, m.cfg.MinAvailable, r.SwapInRate, r.SwapOutRate, r.NewOOMKills)
+	r.PressureStarted = r.Pressure && (!m.mu.pressure || r.NewOOMKills > 0)
 	m.mu.pressure, m.mu.reason = r.Pressure, r.Reason
 
 	r.Periodic = m.cfg.LogEvery > 0 && step%int64(m.cfg.LogEvery) == 0
@@ -283,11 +292,11 @@ func rate(before, after uint64, seconds float64) float64 {
 	return float64(after-before) / seconds
 }
 
-func pressure(s memstat.Snapshot, floor uint64, setting Threshold, in, out float64) (bool, string) {
+func pressure(s memstat.Snapshot, floor uint64, setting Threshold, in, out float64, oomKills uint64) (bool, string) {
 	var why []string
-	// Available 0 means unknown (no /proc), not an empty machine.
-	if floor > 0 && s.Available > 0 && s.Available < floor {
-		msg := fmt.Sprintf("available memory %s is below memory.min_available %s", memstat.FormatBytes(s.Available), setting)
+	// Available 0 means unknown (no /proc), not an empty machine, unless it is the cgroup's.
+	if floor > 0 && (s.Available > 0 || s.LimitedBy == memstat.LimitCgroup) && s.Available < floor {
+		msg := fmt.Sprintf("available memory %s%s is below memory.min_available %s", memstat.FormatBytes(s.Available), limitNote(s), setting)
 		if strings.HasSuffix(string(setting), "%") && s.Total > 0 {
 			msg += fmt.Sprintf(" (%s of %s)", memstat.FormatBytes(floor), memstat.FormatBytes(s.Total))
 		}
@@ -296,17 +305,45 @@ func pressure(s memstat.Snapshot, floor uint64, setting Threshold, in, out float
 	if in > 0 || out > 0 {
 		why = append(why, fmt.Sprintf("the machine is swapping: %s pages/s in, %s pages/s out", formatRate(in), formatRate(out)))
 	}
+	if oomKills > 0 {
+		why = append(why, fmt.Sprintf("the OOM killer took %d process(es) under the memory cgroup's limit since the previous step (oom_kill %d in %s)",
+			oomKills, s.CgroupOOMKills, cgroupName(s)))
+	}
 	return len(why) > 0, strings.Join(why, "; ")
 }
+
+// limitNote says, after an available figure, where it comes from when it is the cgroup's.
+func limitNote(s memstat.Snapshot) string {
+	if s.LimitedBy != memstat.LimitCgroup {
+		return ""
+	}
+	return fmt.Sprintf(" (memory cgroup %s: limit %s, working set %s)", cgroupName(s), memstat.FormatBytes(s.CgroupLimit), memstat.FormatBytes(s.CgroupWorkingSet))
+}
+
+func cgroupName(s memstat.Snapshot) string {
+	if s.CgroupDir == "" {
+		return "this process's memory cgroup"
+	}
+	return s.CgroupDir
+}
+
+// LimitLine says which memory limit applies to this process, with the figures (see
+// memstat.Snapshot.LimitString).
+func (r Report) LimitLine() string { return r.Host.LimitString() }
 
 func formatRate(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
 
 // Line is the report's summary in the form the memory guides use:
 // "Memory - Allocated: 245.3 MiB, Free: 21.4 GiB, Max Used: 310.2 MiB" — Allocated is the Go
 // heap in use, Free the memory the system has available, Max Used the largest heap sample.
+// When the memory cgroup's limit is what applies, Free says so: "Free: 189.9 MiB of cgroup
+// limit 256.0 MiB".
 func (r Report) Line() string {
 	free := "unknown"
-	if r.Host.Available > 0 {
+	switch {
+	case r.Host.LimitedBy == memstat.LimitCgroup:
+		free = memstat.FormatBytes(r.Host.Available) + " of cgroup limit " + memstat.FormatBytes(r.Host.CgroupLimit)
+	case r.Host.Available > 0:
 		free = memstat.FormatBytes(r.Host.Available)
 	}
 	return "Memory - Allocated: " + memstat.FormatBytes(r.Host.HeapInUse) + ", Free: " + free + ", Max Used: " + memstat.FormatBytes(r.MaxHeap)

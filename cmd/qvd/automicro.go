@@ -38,9 +38,17 @@ func (m *microBatchFlag) Set(s string) error {
 	if err != nil {
 		return errors.New("want a number of samples or auto")
 	}
+	// trainer.AutoMicroBatch (-1) is how auto is stored, so a negative number must not be
+	// let through: -1 would silently mean auto. Only the word auto means auto.
+	if n < 1 || n > maxMicroBatch {
+		return fmt.Errorf("train.micro_batch: must be in [1, %d] or auto, got %d", maxMicroBatch, n)
+	}
 	*m = microBatchFlag(n)
 	return nil
 }
+
+// maxMicroBatch is trainer.Config.Validate's upper bound on train.micro_batch.
+const maxMicroBatch = 1 << 20
 
 // autoMicro is what resolveAutoMicro decided, for the log.
 type autoMicro struct {
@@ -48,13 +56,19 @@ type autoMicro struct {
 	budget, states    int64
 	perSample, probed int64
 	tried             []int
+	budgetFrom        string // where the budget comes from: the device, memory.limit, the host or the cgroup
 }
 
-// budgetFor is the memory one worker may use when micro_batch is auto: this machine's
-// available memory shared by the world's workers (conservative on a multi-node job, where a
-// node holds fewer of them; memory.limit, where set, is the better figure).
-var budgetFor = func(cfg *configs.Config, world int) int64 {
-	return int64(memstat.NewReader().Read().Available) / int64(world)
+// budgetFor is the memory one worker may use when micro_batch is auto: the memory this
+// process can still have — the smaller of the machine's available memory and its memory
+// cgroup's limit less its working set (docker --memory, a SLURM job's allocation) — shared
+// by the world's workers (conservative on a multi-node job, where a node holds fewer of
+// them; memory.limit, where set and lower, is the better figure), and which limit that is.
+var budgetFor = func(cfg *configs.Config, world int) (int64, string) {
+	r := memstat.NewReader()
+	defer r.Close()
+	s := r.Read()
+	return int64(s.Available) / int64(world), fmt.Sprintf("%s, shared by %d worker(s)", s.LimitString(), world)
 }
 
 // resolveAutoMicro turns train.micro_batch: auto into numbers: the largest micro-batch whose
@@ -92,13 +106,13 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 		return nil, fmt.Errorf("train.micro_batch: auto: %w", err)
 	}
 	defer probe.close()
-	a := &autoMicro{budget: probe.budget}
+	a := &autoMicro{budget: probe.budget, budgetFrom: probe.budgetFrom}
 	if a.perSample, err = probe.perSample(spec, f); err != nil {
 		return nil, fmt.Errorf("train.micro_batch: auto: measuring activation memory: %w", err)
 	}
 	rec, err := in.recommend(a.budget, int64(eff), a.perSample)
 	if err != nil {
-		return nil, fmt.Errorf("train.micro_batch: auto (budget %s per worker): %w", humanBytes(a.budget), err)
+		return nil, fmt.Errorf("train.micro_batch: auto (budget %s per worker, from %s): %w", humanBytes(a.budget), a.budgetFrom, err)
 	}
 	a.states = rec.states
 	perWorker := eff / world
@@ -120,8 +134,8 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 			return a, nil
 		}
 	}
-	return nil, fmt.Errorf("train.micro_batch: auto: no micro-batch dividing %d fits %s of the %s budget per worker after the model states (%s); tried %v",
-		perWorker, humanBytes(rec.usable-rec.states), humanBytes(a.budget), humanBytes(rec.states), a.tried)
+	return nil, fmt.Errorf("train.micro_batch: auto: no micro-batch dividing %d fits %s of the %s budget per worker (from %s) after the model states (%s); tried %v",
+		perWorker, humanBytes(rec.usable-rec.states), humanBytes(a.budget), a.budgetFrom, humanBytes(rec.states), a.tried)
 }
 
 // microProbe measures micro-batches on the engine the job trains with: the Go heap of the
@@ -129,15 +143,18 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 // forward/backward: the activations and workspace, and on a GPU the weights and gradient),
 // against that engine's budget.
 type microProbe struct {
-	budget    int64
-	perSample func(spec *model.Spec, f half.Format) (int64, error)
-	at        func(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error)
-	close     func()
+	budget     int64
+	budgetFrom string
+	perSample  func(spec *model.Spec, f half.Format) (int64, error)
+	at         func(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error)
+	close      func()
 }
 
 func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
 	if cfg.Engine == configs.EngineGorgonia {
-		return &microProbe{budget: budgetFor(cfg, world), perSample: measureActivationBytes, at: probeMicro, close: func() {}}, nil
+		p := &microProbe{perSample: measureActivationBytes, at: probeMicro, close: func() {}}
+		p.budget, p.budgetFrom = budgetFor(cfg, world)
+		return p, nil
 	}
 	var dev engine.Device
 	if cfg.Device.GPU() {
@@ -160,11 +177,19 @@ func newMicroProbe(cfg *configs.Config, world int) (*microProbe, error) {
 	// a device that does not say (the CPU backend without memory.limit, the reference) uses
 	// the host's figure.
 	p.budget = int64(dev.TotalMemory()) / int64(world)
+	p.budgetFrom = fmt.Sprintf("the device's %s shared by %d worker(s)", humanBytes(int64(dev.TotalMemory())), world)
 	if !cfg.Device.GPU() {
-		p.budget = int64(cfg.Memory.Limit)
+		p.budget, p.budgetFrom = int64(cfg.Memory.Limit), "memory.limit "+cfg.Memory.Limit.String()
+		// memory.limit is only the Go runtime's soft limit: in a container or a job's cgroup
+		// with less memory than that, the cgroup's figure is the one that binds.
+		if p.budget > 0 {
+			if avail, from := budgetFor(cfg, world); avail < p.budget {
+				p.budget, p.budgetFrom = avail, from+", below memory.limit "+cfg.Memory.Limit.String()
+			}
+		}
 	}
 	if p.budget == 0 {
-		p.budget = budgetFor(cfg, world)
+		p.budget, p.budgetFrom = budgetFor(cfg, world)
 	}
 	p.at = func(spec *model.Spec, layout *model.Layout, f half.Format, micro int) (int64, error) {
 		return deviceAfterStep(alloc, spec, layout, f, micro)

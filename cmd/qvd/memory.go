@@ -18,10 +18,15 @@ func applyMemoryLimit(limit memory.Bytes, states zero.Memory, log *zap.Logger) (
 		return func() {}, nil
 	}
 	r := memstat.NewReader()
-	inUse := r.Read().GoTotal
+	snap := r.Read()
 	r.Close()
-	if err := memory.CheckLimit(limit, states, inUse); err != nil {
+	if err := memory.CheckLimit(limit, states, snap.GoTotal); err != nil {
 		return nil, err
+	}
+	if snap.CgroupLimit > 0 && uint64(limit) > snap.CgroupLimit {
+		// The soft limit would never be reached: the kernel OOM-kills the process first.
+		log.Warn("memory.limit is above this process's memory cgroup limit, which the kernel enforces first",
+			zap.String("limit", limit.String()), zap.Uint64("cgroup_limit_bytes", snap.CgroupLimit), zap.String("cgroup", snap.CgroupDir))
 	}
 	prev := debug.SetMemoryLimit(int64(limit))
 	log.Info("memory limit set", zap.String("limit", limit.String()), zap.Int64("limit_bytes", int64(limit)),

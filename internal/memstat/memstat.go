@@ -2,6 +2,7 @@ package memstat
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"io"
 	"math"
@@ -14,12 +15,31 @@ import (
 // Snapshot is one reading of the memory figures, in bytes unless the name says otherwise.
 // A zero field means the figure was not available.
 type Snapshot struct {
-	HeapInUse   uint64 // Go heap objects in use (runtime/metrics "/memory/classes/heap/objects:bytes")
-	GoTotal     uint64 // all memory mapped by the Go runtime ("/memory/classes/total:bytes")
-	RSS         uint64 // resident set size (/proc/self/statm, resident pages * page size)
-	Available   uint64 // system MemAvailable (/proc/meminfo)
-	Total       uint64 // system MemTotal (/proc/meminfo)
-	SwapInPages uint64 // cumulative pages swapped in since boot (pswpin in /proc/vmstat)
+	HeapInUse uint64 // Go heap objects in use (runtime/metrics "/memory/classes/heap/objects:bytes")
+	GoTotal   uint64 // all memory mapped by the Go runtime ("/memory/classes/total:bytes")
+	RSS       uint64 // resident set size (/proc/self/statm, resident pages * page size)
+	// Available is the memory this process can still have: the smaller of the machine's
+	// MemAvailable and its memory cgroup's limit less the cgroup's working set. LimitedBy
+	// says which. With a cgroup limit it can be 0 while LimitedBy is LimitCgroup: none left.
+	Available uint64
+	// Total is the smaller of the machine's MemTotal and the cgroup's limit.
+	Total     uint64
+	LimitedBy Limit
+	// HostAvailable and HostTotal are the machine's MemAvailable and MemTotal (/proc/meminfo).
+	HostAvailable, HostTotal uint64
+	// The memory cgroup of this process (zero: none, no limit, or not readable). CgroupLimit
+	// is the limit that leaves the least available memory among the process's cgroup and
+	// its ancestors (v2 memory.max; v1 memory.limit_in_bytes and hierarchical_memory_limit),
+	// CgroupDir that cgroup's directory, CgroupUsage its memory.current
+	// (memory.usage_in_bytes) and CgroupWorkingSet the usage less its inactive file pages,
+	// which the kernel reclaims before it OOM-kills (the kubelet's and cAdvisor's working
+	// set): Available in the cgroup is CgroupLimit - CgroupWorkingSet.
+	CgroupLimit, CgroupUsage, CgroupWorkingSet uint64
+	CgroupDir                                  string
+	// CgroupOOMKills is the number of processes the OOM killer has killed under the cgroup's
+	// limit (oom_kill in memory.events, v1 memory.oom_control), cumulative.
+	CgroupOOMKills uint64
+	SwapInPages    uint64 // cumulative pages swapped in since boot (pswpin in /proc/vmstat)
 	// SwapOutPages is the cumulative count of pages swapped out since boot (pswpout). A rise
 	// between two steps means the machine is swapping, which explains a sudden slowdown.
 	SwapOutPages uint64
@@ -44,20 +64,33 @@ type Reader struct {
 	vmstat   procFile
 	pageSize uint64
 	closed   bool
+	// procRoot and fsRoot locate the memory cgroup on the first Read ("" fsRoot: none).
+	procRoot, fsRoot string
+	cgFound          bool
+	cg               cgroup
 }
 
 // NewReader returns a Reader of the current process and host. The /proc files are opened on
 // the first Read.
 func NewReader() *Reader {
-	return newReaderAt("/proc")
+	return newReaderAtRoots("/proc", "/")
 }
 
 // NewReaderAt returns a Reader of the /proc files under root instead of /proc, so tests (of
-// this package and of its users) can substitute their own.
+// this package and of its users) can substitute their own. It reads no cgroup.
 func NewReaderAt(root string) *Reader { return newReaderAt(root) }
 
-func newReaderAt(root string) *Reader {
+// NewReaderAtRoots returns a Reader of the /proc files under proc, which also reads the
+// memory cgroup that proc's self/cgroup and self/mountinfo name, with the mount points
+// (/sys/fs/cgroup...) looked up under root instead of /.
+func NewReaderAtRoots(proc, root string) *Reader { return newReaderAtRoots(proc, root) }
+
+func newReaderAt(root string) *Reader { return newReaderAtRoots(root, "") }
+
+func newReaderAtRoots(root, fsRoot string) *Reader {
 	return &Reader{
+		procRoot: root,
+		fsRoot:   fsRoot,
 		samples: []metrics.Sample{
 			{Name: heapObjectsMetric},
 			{Name: totalMetric},
@@ -90,10 +123,26 @@ func (r *Reader) Read() Snapshot {
 	}
 	if b := r.meminfo.read(); b != nil {
 		if kb, ok := lookup(b, "MemAvailable:"); ok {
-			s.Available = kb << 10 // meminfo reports kB, meaning KiB
+			s.HostAvailable = kb << 10 // meminfo reports kB, meaning KiB
 		}
 		if kb, ok := lookup(b, "MemTotal:"); ok {
-			s.Total = kb << 10
+			s.HostTotal = kb << 10
+		}
+	}
+	s.Available, s.Total = s.HostAvailable, s.HostTotal
+	if s.HostAvailable > 0 {
+		s.LimitedBy = LimitHost
+	}
+	if !r.cgFound {
+		r.cg, r.cgFound = findCgroup(r.procRoot, r.fsRoot), true
+	}
+	r.cg.read(&s)
+	if s.CgroupLimit > 0 {
+		if avail := s.CgroupLimit - min(s.CgroupWorkingSet, s.CgroupLimit); s.LimitedBy == LimitUnknown || avail < s.HostAvailable {
+			s.Available, s.LimitedBy = avail, LimitCgroup
+		}
+		if s.Total == 0 || s.CgroupLimit < s.Total {
+			s.Total = s.CgroupLimit
 		}
 	}
 	if b := r.vmstat.read(); b != nil {
@@ -111,7 +160,7 @@ func (r *Reader) Close() error {
 		return nil
 	}
 	r.closed = true
-	return errors.Join(r.statm.close(), r.meminfo.close(), r.vmstat.close())
+	return errors.Join(r.statm.close(), r.meminfo.close(), r.vmstat.close(), r.cg.close())
 }
 
 func sampleUint64(s metrics.Sample) uint64 {
@@ -127,6 +176,7 @@ func sampleUint64(s metrics.Sample) uint64 {
 // open/close (and the allocations of os.Open) on every step.
 type procFile struct {
 	path   string
+	size   int // the buffer's first size (0: initialBufSize)
 	f      *os.File
 	failed bool // opening failed once; the file will not appear later, so stop trying
 	buf    []byte
@@ -144,7 +194,7 @@ func (p *procFile) read() []byte {
 			return nil
 		}
 		p.f = f
-		p.buf = make([]byte, initialBufSize)
+		p.buf = make([]byte, cmp.Or(p.size, initialBufSize))
 	}
 	for {
 		n, err := readFull(p.f, p.buf)
