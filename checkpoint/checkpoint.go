@@ -39,14 +39,16 @@ func (e *CorruptError) Unwrap() error { return e.Err }
 // Checkpoint is a committed checkpoint whose files were verified when it was opened.
 type Checkpoint struct {
 	path    string
+	runID   string
 	step    int64
 	created time.Time
 	files   []FileInfo
 	meta    json.RawMessage
 }
 
-// Open reads path/meta.json and verifies every file it lists: existence, size and SHA-256.
-// Any mismatch, a missing or unparsable meta.json, or a meta.json that is not a
+// Open reads path/meta.json, checks its checksum, and verifies every file it lists:
+// existence, size and SHA-256. Any mismatch, a missing or unparsable meta.json, a meta.json
+// whose checksum does not match its content (edited or damaged), or one that is not a
 // qvd-checkpoint is an error matching ErrCorrupt that names the file. A meta.json of a
 // newer, unknown version is a plain error, not ErrCorrupt: the checkpoint may be fine, this
 // build just cannot read it, so Latest must not silently fall back past it.
@@ -58,12 +60,20 @@ func Open(path string) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, fi := range c.files {
-		if err := verifyFile(path, fi); err != nil {
-			return nil, err
-		}
+	if err := c.verifyFiles(); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// verifyFiles checks every recorded file against meta.json.
+func (c *Checkpoint) verifyFiles() error {
+	for _, fi := range c.files {
+		if err := verifyFile(c.path, fi); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func readMeta(path string) (*Checkpoint, error) {
@@ -87,9 +97,26 @@ func readMeta(path string) (*Checkpoint, error) {
 	if mj.Format != metaFormat {
 		return nil, corrupt(fmt.Sprintf("format %q, want %q", mj.Format, metaFormat), nil)
 	}
-	if mj.Version != metaVersion {
-		return nil, fmt.Errorf("open checkpoint %s: meta.json version %d is not supported by this build (it reads version %d); use a newer qvd",
-			path, mj.Version, metaVersion)
+	if mj.Version != metaVersion && mj.Version != metaVersionLegacy {
+		return nil, fmt.Errorf("open checkpoint %s: meta.json version %d is not supported by this build (it reads versions %d and %d); use a newer qvd",
+			path, mj.Version, metaVersionLegacy, metaVersion)
+	}
+	// The checksum is checked before anything else is believed: a meta.json edited by hand
+	// or damaged on disk must not steer a resume (a changed step or data position would
+	// continue silently from the wrong place). Version 1 predates it; a version 1 file that
+	// has one is checked all the same.
+	switch want, err := mj.checksum(); {
+	case err != nil:
+		return nil, corrupt("cannot compute the checksum", err)
+	case mj.Checksum == "" && mj.Version != metaVersionLegacy:
+		return nil, corrupt("no checksum (every qvd-checkpoint meta.json of version 2 has one)", nil)
+	case mj.Checksum != "" && mj.Checksum != want:
+		return nil, corrupt("checksum mismatch (meta.json was edited or damaged after it was written)", nil)
+	}
+	if mj.RunID != "" {
+		if err := checkRunID(mj.RunID); err != nil {
+			return nil, corrupt("run_id", err)
+		}
 	}
 	if mj.Step < 0 {
 		return nil, corrupt(fmt.Sprintf("negative step %d", mj.Step), nil)
@@ -122,7 +149,7 @@ func readMeta(path string) (*Checkpoint, error) {
 	if len(mj.Meta) == 0 {
 		mj.Meta = json.RawMessage("null")
 	}
-	return &Checkpoint{path: path, step: mj.Step, created: created, files: mj.Files, meta: mj.Meta}, nil
+	return &Checkpoint{path: path, runID: mj.RunID, step: mj.Step, created: created, files: mj.Files, meta: mj.Meta}, nil
 }
 
 // verifyFile checks one recorded file's size, then its hash. The size is checked first so
@@ -162,6 +189,9 @@ func verifyFile(dir string, fi FileInfo) error {
 
 // Path returns the checkpoint's directory.
 func (c *Checkpoint) Path() string { return c.path }
+
+// RunID returns the run the checkpoint belongs to ("" if it was written before run ids).
+func (c *Checkpoint) RunID() string { return c.runID }
 
 // Step returns the optimizer step the checkpoint was saved at.
 func (c *Checkpoint) Step() int64 { return c.step }
@@ -226,9 +256,11 @@ func (c *Checkpoint) Safetensors(name string) (*File, error) {
 	return f, nil
 }
 
-// Latest returns the newest checkpoint in dir that verifies. A checkpoint that fails
-// verification (ErrCorrupt) is skipped in favour of the previous one, and the reason is
-// appended to skipped so the caller can log it. Any other error (unreadable directory,
+// Latest returns the newest checkpoint in dir that verifies and belongs to dir's run (the
+// RunIDFile; checkpoints without a run id, and every checkpoint of a directory that records
+// no run, qualify). A checkpoint that fails verification (ErrCorrupt) or belongs to another
+// run (ErrOtherRun) is skipped in favour of the previous one, and the reason is appended to
+// skipped so the caller can log it. Any other error (unreadable directory,
 // permission denied, a meta.json version this build cannot read) stops the search and is
 // returned, because falling back past a good checkpoint would silently lose progress.
 // A directory that does not exist or holds no checkpoint that verifies gives an error
@@ -245,18 +277,30 @@ func Latest(dir string) (c *Checkpoint, skipped []error, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	runID, err := ReadRunID(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("find latest checkpoint: %w", err)
+	}
 	for i := len(steps) - 1; i >= 0; i-- {
-		c, err := Open(filepath.Join(dir, StepDirName(steps[i])))
+		path := filepath.Join(dir, StepDirName(steps[i]))
+		// The run is checked from meta.json before the files are read: another run's
+		// checkpoint is skipped without hashing it.
+		c, err := readMeta(path)
+		if err == nil && !sameRun(runID, c.runID) {
+			err = &OtherRunError{Path: path, RunID: c.runID, Want: runID}
+		} else if err == nil {
+			err = c.verifyFiles()
+		}
 		if err == nil {
 			return c, skipped, nil
 		}
-		if !errors.Is(err, ErrCorrupt) {
+		if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrOtherRun) {
 			return nil, skipped, err
 		}
 		skipped = append(skipped, err)
 	}
 	if len(skipped) > 0 {
-		return nil, skipped, fmt.Errorf("%w in %s (%d corrupt checkpoints skipped)", ErrNoCheckpoint, dir, len(skipped))
+		return nil, skipped, fmt.Errorf("%w in %s (%d checkpoints skipped: corrupt or of another run)", ErrNoCheckpoint, dir, len(skipped))
 	}
 	return nil, nil, fmt.Errorf("%w in %s", ErrNoCheckpoint, dir)
 }

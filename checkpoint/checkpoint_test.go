@@ -184,10 +184,10 @@ func TestMetaJSONLayout(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if want := []string{"created", "files", "format", "meta", "step", "version"}; !slices.Equal(keys, want) {
+	if want := []string{"checksum", "created", "files", "format", "meta", "step", "version"}; !slices.Equal(keys, want) {
 		t.Errorf("meta.json keys = %v, want %v", keys, want)
 	}
-	for k, want := range map[string]string{"format": `"qvd-checkpoint"`, "version": "1", "step": "7"} {
+	for k, want := range map[string]string{"format": `"qvd-checkpoint"`, "version": "2", "step": "7"} {
 		if string(doc[k]) != want {
 			t.Errorf("meta.json %s = %s, want %s", k, doc[k], want)
 		}
@@ -375,6 +375,12 @@ func editMeta(t *testing.T, dir string, edit func(*metaJSON)) {
 		t.Fatal(err)
 	}
 	edit(&mj)
+	// Re-seal, so that the checks behind the checksum are what is tested.
+	if mj.Checksum != "" {
+		if mj.Checksum, err = mj.checksum(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if b, err = json.Marshal(mj); err != nil {
 		t.Fatal(err)
 	}
@@ -387,10 +393,10 @@ func TestOpenUnknownVersion(t *testing.T) {
 	m := newManager(t, 0)
 	save(t, m, 100)
 	dir := save(t, m, 200)
-	editMeta(t, dir, func(mj *metaJSON) { mj.Version = 2 })
+	editMeta(t, dir, func(mj *metaJSON) { mj.Version = metaVersion + 1 })
 	_, err := Open(dir)
-	if err == nil || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "version 2 is not supported") {
-		t.Fatalf("Open of a version 2 checkpoint = %v, want a plain unsupported-version error", err)
+	if err == nil || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("version %d is not supported", metaVersion+1)) {
+		t.Fatalf("Open of a version %d checkpoint = %v, want a plain unsupported-version error", metaVersion+1, err)
 	}
 	// Latest must not fall back past a checkpoint it cannot read: that would resume from
 	// older state without anyone noticing.
@@ -814,16 +820,16 @@ func TestBeginSharedWithFilesFromOtherRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A stale pending directory from a crashed attempt is replaced.
-	os.MkdirAll(filepath.Join(SharedPendingDir(dir, 7), "junk"), 0o755)
+	os.MkdirAll(filepath.Join(SharedPendingDir(dir, "", 7), "junk"), 0o755)
 	p, err := m.BeginShared(7)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Dir() != SharedPendingDir(dir, 7) {
+	if p.Dir() != SharedPendingDir(dir, "", 7) {
 		t.Fatalf("pending dir %s", p.Dir())
 	}
 	// "Rank 1" writes into the shared directory; rank 0 describes and commits it.
-	if _, err := WriteFileIn(SharedPendingDir(dir, 7), "optimizer-00001.safetensors", func(w io.Writer) error {
+	if _, err := WriteFileIn(SharedPendingDir(dir, "", 7), "optimizer-00001.safetensors", func(w io.Writer) error {
 		_, err := w.Write([]byte("shard one"))
 		return err
 	}); err != nil {

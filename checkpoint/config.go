@@ -13,8 +13,8 @@ type Config struct {
 	// EverySteps saves a checkpoint every N optimizer steps. 0 saves only at the end of the
 	// run (and when it is interrupted).
 	EverySteps int `yaml:"every_steps" json:"every_steps"`
-	// Keep is how many of the newest checkpoints to keep; older ones are removed after each
-	// save. 0 keeps all.
+	// Keep is how many of the run's newest valid checkpoints to keep; older ones are removed
+	// after each save. Corrupt checkpoints do not count. 0 keeps all.
 	Keep int `yaml:"keep" json:"keep"`
 }
 

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -24,7 +25,12 @@ import (
 const (
 	metaFileName = "meta.json"
 	metaFormat   = "qvd-checkpoint"
-	metaVersion  = 1
+	// metaVersion 2 added the checksum and the run id; version 1 files (no checksum) are
+	// still read.
+	metaVersion       = 2
+	metaVersionLegacy = 1
+	// checksumPrefix names the hash of meta.json's checksum field.
+	checksumPrefix = "sha256:"
 
 	stepPrefix = "step-"
 	tmpPrefix  = ".tmp-step-" // pending checkpoints being written
@@ -76,15 +82,24 @@ type FileInfo struct {
 
 // Manager saves checkpoints into one directory and prunes old ones.
 type Manager struct {
-	dir  string
-	keep int
+	dir   string
+	keep  int
+	runID string // the directory's run (RunIDFile) when the Manager was made; "" for none
+
+	// valid caches which checkpoints (by directory name) prune found valid or invalid, so
+	// each is verified once per Manager rather than at every commit. The ones this Manager
+	// committed are valid: their files were hashed as they were written. Only the committer
+	// (one goroutine) prunes, so it needs no lock.
+	valid map[string]validity
 
 	// removeAll is os.RemoveAll; tests replace it to make pruning fail.
 	removeAll func(string) error
 }
 
 // NewManager returns a Manager for dir, creating it if needed. keep <= 0 keeps every
-// checkpoint; otherwise each commit removes all but the newest keep.
+// checkpoint; otherwise each commit removes the checkpoints of this run older than the
+// newest keep that verify. The run is the one recorded in dir's RunIDFile, read now: every
+// checkpoint the Manager commits carries it.
 func NewManager(dir string, keep int) (*Manager, error) {
 	if dir == "" {
 		return nil, errors.New("checkpoint manager: empty directory")
@@ -92,11 +107,19 @@ func NewManager(dir string, keep int) (*Manager, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint manager: create directory: %w", err)
 	}
-	return &Manager{dir: dir, keep: keep, removeAll: os.RemoveAll}, nil
+	runID, err := ReadRunID(dir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint manager: %w", err)
+	}
+	return &Manager{dir: dir, keep: keep, runID: runID, valid: map[string]validity{}, removeAll: os.RemoveAll}, nil
 }
 
 // Dir returns the directory the checkpoints are saved in.
 func (m *Manager) Dir() string { return m.dir }
+
+// RunID returns the run the Manager's checkpoints belong to ("" when its directory records
+// none).
+func (m *Manager) RunID() string { return m.runID }
 
 // List returns the steps of the committed checkpoints in the directory, ascending. Pending
 // (temporary) directories and names that are not step-%08d are ignored. It does not verify
@@ -139,7 +162,9 @@ func (m *Manager) Begin(step int64) (*Pending, error) {
 	if step < 0 {
 		return nil, fmt.Errorf("begin checkpoint: negative step %d", step)
 	}
-	tmp, err := os.MkdirTemp(m.dir, fmt.Sprintf("%s%08d-", tmpPrefix, step))
+	// Unique per save: the run, this process and MkdirTemp's random suffix, so that no two
+	// saves, of one run or of two, ever share a pending directory.
+	tmp, err := os.MkdirTemp(m.dir, fmt.Sprintf("%s%08d-%s%d-", tmpPrefix, step, runPart(m.runID), os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("begin checkpoint step %d: %w", step, err)
 	}
@@ -264,14 +289,55 @@ func (hw *hashingWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// runPart is the run's part of a pending directory's name: "<run id>-", or nothing.
+func runPart(runID string) string {
+	if runID == "" {
+		return ""
+	}
+	return runID + "-"
+}
+
 // metaJSON is the layout of meta.json (see the package documentation).
 type metaJSON struct {
 	Format  string          `json:"format"`
 	Version int             `json:"version"`
+	RunID   string          `json:"run_id,omitempty"`
 	Step    int64           `json:"step"`
 	Created string          `json:"created"`
 	Files   []FileInfo      `json:"files"`
 	Meta    json.RawMessage `json:"meta"`
+	// Checksum is "sha256:" and the hex SHA-256 of the compact JSON encoding of every other
+	// field (this one left empty). It is computed over the decoded values, not the file's
+	// bytes, so whitespace does not matter but any change of a value does, the caller's
+	// metadata included.
+	Checksum string `json:"checksum,omitempty"`
+}
+
+// checksum computes mj's Checksum over a canonical encoding: encoding/json writes struct
+// fields in declaration order, and the caller's metadata is re-encoded with its object keys
+// sorted and its numbers as written, so re-formatting meta.json (indentation, key order)
+// keeps the checksum while changing any value breaks it.
+func (mj metaJSON) checksum() (string, error) {
+	mj.Checksum = ""
+	if len(mj.Meta) > 0 {
+		d := json.NewDecoder(bytes.NewReader(mj.Meta))
+		d.UseNumber() // 64-bit seeds and counters keep every digit
+		var v any
+		if err := d.Decode(&v); err != nil {
+			return "", fmt.Errorf("the caller's metadata: %w", err)
+		}
+		canon, err := json.Marshal(v)
+		if err != nil {
+			return "", fmt.Errorf("the caller's metadata: %w", err)
+		}
+		mj.Meta = canon
+	}
+	b, err := json.Marshal(mj)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return checksumPrefix + hex.EncodeToString(sum[:]), nil
 }
 
 // Commit records every file written through WriteFile, plus others (files written into
@@ -304,10 +370,14 @@ func (p *Pending) Commit(meta any, others ...FileInfo) (path string, err error) 
 	mj := metaJSON{
 		Format:  metaFormat,
 		Version: metaVersion,
+		RunID:   p.m.runID,
 		Step:    p.step,
 		Created: time.Now().UTC().Format(time.RFC3339),
 		Files:   files,
 		Meta:    rawMeta,
+	}
+	if mj.Checksum, err = mj.checksum(); err != nil {
+		return "", fmt.Errorf("commit checkpoint step %d: checksum meta.json: %w", p.step, err)
 	}
 	b, err := json.MarshalIndent(mj, "", "  ")
 	if err != nil {
@@ -332,6 +402,7 @@ func (p *Pending) Commit(meta any, others ...FileInfo) (path string, err error) 
 		return "", fmt.Errorf("commit checkpoint step %d: %w", p.step, err)
 	}
 	p.mu.done = true
+	p.m.valid[StepDirName(p.step)] = valid
 	// prune also removes the copy that publish moved aside, if this step replaced one.
 	if pruneErr := p.m.prune(p.step); pruneErr != nil {
 		return path, fmt.Errorf("%w: %w", ErrPrune, pruneErr)
@@ -425,9 +496,24 @@ func (m *Manager) publish(tmp string, step int64) (string, error) {
 	return path, nil
 }
 
-// prune removes committed checkpoints beyond the newest keep (never justWritten), leftover
-// .old-step directories, and pending directories of steps before justWritten, which can only
-// be leftovers of a crash since the committer writes steps in order.
+// validity is what prune knows of a committed checkpoint.
+type validity int
+
+const (
+	unchecked validity = iota
+	valid              // verifies, and belongs to the Manager's run
+	corrupt            // fails verification (ErrCorrupt)
+	notOurs            // belongs to another run, or cannot be read (an unsupported version, I/O)
+)
+
+// prune removes the checkpoints of this run older than the newest keep valid ones (never
+// justWritten), leftover .old-step directories, and this run's pending directories of steps
+// before justWritten, which can only be leftovers of a crash since the committer writes steps
+// in order.
+//
+// Only valid checkpoints count towards keep: a corrupt one is kept while it is newer than the
+// oldest valid one kept (it ages out like the others), so damage never costs a good
+// checkpoint. Checkpoints of another run, and ones this build cannot read, are never removed.
 func (m *Manager) prune(justWritten int64) error {
 	entries, err := os.ReadDir(m.dir)
 	if err != nil {
@@ -448,27 +534,80 @@ func (m *Manager) prune(justWritten int64) error {
 			}
 			continue
 		}
-		if rest, ok := strings.CutPrefix(name, tmpPrefix); ok {
-			digits, _, _ := strings.Cut(rest, "-")
-			if step, err := strconv.ParseInt(digits, 10, 64); err == nil && step < justWritten {
-				if err := m.removeAll(full); err != nil {
-					errs = append(errs, fmt.Errorf("remove abandoned pending checkpoint %s: %w", full, err))
-				}
+		if step, ok := m.ownPending(name); ok && step < justWritten {
+			if err := m.removeAll(full); err != nil {
+				errs = append(errs, fmt.Errorf("remove abandoned pending checkpoint %s: %w", full, err))
 			}
 		}
 	}
-	if m.keep > 0 && len(steps) > m.keep {
-		slices.Sort(steps)
-		for _, step := range steps[:len(steps)-m.keep] {
-			if step == justWritten {
-				continue
+	if m.keep <= 0 {
+		return errors.Join(errs...)
+	}
+	slices.Sort(steps)
+	kept := 0
+	for i := len(steps) - 1; i >= 0; i-- {
+		step := steps[i]
+		if kept < m.keep {
+			if m.check(step) == valid {
+				kept++
 			}
+			continue
+		}
+		if step == justWritten {
+			continue
+		}
+		if v := m.check(step); v == valid || v == corrupt {
 			if err := m.removeStep(step); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// check verifies a committed checkpoint for prune, once per Manager.
+func (m *Manager) check(step int64) validity {
+	name := StepDirName(step)
+	if v := m.valid[name]; v != unchecked {
+		return v
+	}
+	v := valid
+	c, err := readMeta(filepath.Join(m.dir, name))
+	if err == nil && !sameRun(m.runID, c.runID) {
+		v = notOurs
+	} else if err == nil {
+		err = c.verifyFiles()
+	}
+	switch {
+	case errors.Is(err, ErrCorrupt):
+		v = corrupt
+	case err != nil:
+		v = notOurs
+	}
+	m.valid[name] = v
+	return v
+}
+
+// sameRun reports whether a checkpoint of run got belongs to the run want. A checkpoint or a
+// directory without a run id (written before run ids existed) matches any run.
+func sameRun(want, got string) bool {
+	return want == "" || got == "" || want == got
+}
+
+// ownPending parses the name of a pending directory of the Manager's run: Begin's
+// .tmp-step-%08d-<run id>-<pid>-<random> or BeginShared's .tmp-step-%08d-<run id>-shared.
+// Without a run id every pending directory counts as the Manager's, as before run ids.
+func (m *Manager) ownPending(name string) (int64, bool) {
+	rest, ok := strings.CutPrefix(name, tmpPrefix)
+	if !ok {
+		return 0, false
+	}
+	digits, rest, _ := strings.Cut(rest, "-")
+	step, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || !strings.HasPrefix(rest, runPart(m.runID)) {
+		return 0, false
+	}
+	return step, true
 }
 
 // removeStep renames the checkpoint aside before deleting it: a crash during a recursive
@@ -479,6 +618,7 @@ func (m *Manager) removeStep(step int64) error {
 	if err := os.Rename(path, aside); err != nil {
 		return fmt.Errorf("remove checkpoint %s: %w", path, err)
 	}
+	delete(m.valid, StepDirName(step))
 	if err := m.removeAll(aside); err != nil {
 		return fmt.Errorf("remove checkpoint %s: %w", path, err)
 	}
@@ -541,20 +681,22 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// sharedSuffix names the pending directory of BeginShared, which every rank of a group can
-// compute from the step alone.
+// sharedSuffix ends the name of BeginShared's pending directory.
 const sharedSuffix = "shared"
 
-// BeginShared starts a checkpoint whose pending directory, <dir>/.tmp-step-NNNNNNNN-shared,
-// is known to every rank of a group without being told: rank 0 calls BeginShared, the group
-// synchronises, each rank writes its own files into SharedPendingDir(dir, step) with
-// WriteFileIn, and rank 0 commits with their FileInfos (Describe computes them). A pending
-// directory left by an earlier attempt at the same step is removed first.
+// BeginShared starts a checkpoint whose pending directory is known to every rank of a group
+// without being told: <dir>/.tmp-step-NNNNNNNN-<run id>-shared, computed by
+// SharedPendingDir from the directory's RunIDFile and the step. Rank 0 calls BeginShared, the
+// group synchronises, each rank writes its own files into SharedPendingDir(dir, runID, step)
+// with WriteFileIn, and rank 0 commits with their FileInfos (Describe computes them). A
+// pending directory left by an earlier attempt of the same run at the same step is removed
+// first. The run id keeps two runs' saves apart; within a run, saves are sequential and the
+// run directory's lock (package rundir) admits one job at a time.
 func (m *Manager) BeginShared(step int64) (*Pending, error) {
 	if step < 0 {
 		return nil, fmt.Errorf("begin checkpoint: negative step %d", step)
 	}
-	dir := SharedPendingDir(m.dir, step)
+	dir := SharedPendingDir(m.dir, m.runID, step)
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("begin checkpoint step %d: removing a stale pending directory: %w", step, err)
 	}
@@ -566,9 +708,10 @@ func (m *Manager) BeginShared(step int64) (*Pending, error) {
 	return p, nil
 }
 
-// SharedPendingDir is the pending directory of BeginShared(step) under dir.
-func SharedPendingDir(dir string, step int64) string {
-	return filepath.Join(dir, fmt.Sprintf("%s%08d-%s", tmpPrefix, step, sharedSuffix))
+// SharedPendingDir is the pending directory of BeginShared(step) under dir for run runID
+// (ReadRunID(dir); "" for none).
+func SharedPendingDir(dir, runID string, step int64) string {
+	return filepath.Join(dir, fmt.Sprintf("%s%08d-%s%s", tmpPrefix, step, runPart(runID), sharedSuffix))
 }
 
 // Describe returns the size and SHA-256 of dir/name, for recording a file another process

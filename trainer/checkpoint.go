@@ -186,8 +186,14 @@ func (t *Trainer) save(cctx context.Context) error {
 			_, werr = p.WriteFile(modelFile, func(w io.Writer) error { return t.writeModel(w, full) })
 		}
 	case writesShard:
-		dir := checkpoint.SharedPendingDir(t.ckptCfg.Dir, t.step)
-		if _, err := os.Stat(dir); err != nil {
+		// Rank 0's Manager read the run id from the same file when the run started; the
+		// run directory's lock keeps it unchanged while the run lasts.
+		runID, err := checkpoint.ReadRunID(t.ckptCfg.Dir)
+		dir := checkpoint.SharedPendingDir(t.ckptCfg.Dir, runID, t.step)
+		if err == nil {
+			_, err = os.Stat(dir)
+		}
+		if err != nil {
 			werr = fmt.Errorf("rank %d cannot see the checkpoint rank 0 started (%w): at ZeRO stage %d every rank writes its optimizer shard into checkpoint.dir, which must be a filesystem shared by all ranks",
 				t.rank, err, t.zeroCfg.Stage)
 		} else {
