@@ -7,18 +7,26 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+
+	"github.com/qvd/qvd/internal/lograte"
 )
 
 // gRPC authentication by the cluster key.
@@ -139,24 +147,53 @@ func DialOptions(key []byte, t *TLS) []grpc.DialOption {
 }
 
 // ServerOptions returns the options every qvd gRPC server installs: mutual TLS with t (none
-// when t is nil: plain TCP), and interceptors that refuse each unary call and each stream
-// with codes.Unauthenticated unless it carries valid credentials for the cluster key (see
-// DialOptions). The interceptors are chained, so other interceptors may be added.
-func ServerOptions(key []byte, t *TLS) []grpc.ServerOption {
+// when t is nil: plain TCP), and a check that refuses each unary call and each stream with
+// codes.Unauthenticated unless it carries valid credentials for the cluster key (see
+// DialOptions).
+//
+// The check runs as the server's tap handle (grpc.InTapHandle), when a call's headers
+// arrive and before any of its body is read: a caller without the key cannot make the
+// server buffer or decode a request body (unary handlers decode the body before they run
+// interceptors). ServerOptions therefore takes the server's one tap handle. Chained
+// interceptors then check that the tap admitted the call, so other interceptors may be
+// added.
+//
+// Refused calls and refused TLS handshakes are logged on log at WARN, with the remote
+// address, at most refusalBurst lines per refusalEvery (a count of the lines left out goes
+// with the next one), since anyone who can reach the port can cause them. log may be nil.
+func ServerOptions(key []byte, t *TLS, log *zap.Logger) []grpc.ServerOption {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	lim := lograte.New(refusalBurst, refusalEvery)
 	a := newAuthenticator(deriveKeys(key).grpc, time.Now)
+	a.log, a.lim = log, lim
 	opts := []grpc.ServerOption{
+		grpc.InTapHandle(a.tap),
 		grpc.ChainUnaryInterceptor(a.unary),
 		grpc.ChainStreamInterceptor(a.stream),
 	}
 	if t != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(t.ServerConfig())))
+		opts = append(opts, grpc.Creds(loggedCreds{
+			TransportCredentials: credentials.NewTLS(t.ServerConfig()),
+			log:                  log, lim: lim,
+		}))
 	}
 	return opts
 }
 
+// Refusal logging limits: a misconfigured node retries every few seconds and shows in the
+// first lines; a flood from outside costs at most this many lines.
+const (
+	refusalBurst = 5
+	refusalEvery = 10 * time.Second
+)
+
 type authenticator struct {
 	key []byte
 	now func() time.Time
+	log *zap.Logger      // nil: refusals are not logged
+	lim *lograte.Limiter // bounds log
 
 	mu struct {
 		sync.Mutex
@@ -171,18 +208,90 @@ func newAuthenticator(key []byte, now func() time.Time) *authenticator {
 	return a
 }
 
+// admittedKey marks a call's context once the tap handle has verified its credentials; the
+// value is the method they were verified for.
+type admittedKey struct{}
+
+// tap verifies a call's credentials from its headers, before its body is read. It runs on
+// the connection's reader goroutine, so it must be quick: one HMAC and a map lookup.
+func (a *authenticator) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if err := a.verifyMD(info.Header, info.FullMethodName); err != nil {
+		a.refused(ctx, info.FullMethodName, err)
+		return ctx, err
+	}
+	return context.WithValue(ctx, admittedKey{}, info.FullMethodName), nil
+}
+
+// admitted checks a call in the interceptors: admitted by the tap, or (on a server built
+// without it) verified now.
+func (a *authenticator) admitted(ctx context.Context, method string) error {
+	if m, ok := ctx.Value(admittedKey{}).(string); ok && m == method {
+		return nil
+	}
+	if err := a.verify(ctx, method); err != nil {
+		a.refused(ctx, method, err)
+		return err
+	}
+	return nil
+}
+
 func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := a.verify(ctx, info.FullMethod); err != nil {
+	if err := a.admitted(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
 }
 
 func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := a.verify(ss.Context(), info.FullMethod); err != nil {
+	if err := a.admitted(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
 	return handler(srv, ss)
+}
+
+// refused logs a refused call, within the rate limit.
+func (a *authenticator) refused(ctx context.Context, method string, err error) {
+	if a.log == nil {
+		return
+	}
+	ok, suppressed := a.lim.Allow()
+	if !ok {
+		return
+	}
+	a.log.Warn("refused a gRPC call", zap.String("method", method), zap.String("remote_addr", remoteOf(ctx)),
+		zap.String("reason", status.Convert(err).Message()), lograte.Field(suppressed))
+}
+
+func remoteOf(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return "unknown"
+}
+
+// loggedCreds logs the TLS handshakes the server refuses (a client without a certificate
+// from the cluster's CA, or speaking plain TCP to a TLS port): gRPC itself only drops the
+// connection. A connection closed before its first byte (io.EOF: a port scanner, a health
+// check) is not logged.
+type loggedCreds struct {
+	credentials.TransportCredentials
+	log *zap.Logger
+	lim *lograte.Limiter
+}
+
+func (c loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil && !errors.Is(err, io.EOF) {
+		if ok, suppressed := c.lim.Allow(); ok {
+			c.log.Warn("refused a TLS handshake", zap.String("remote_addr", conn.RemoteAddr().String()),
+				zap.Error(err), lograte.Field(suppressed))
+		}
+	}
+	return out, info, err
+}
+
+func (c loggedCreds) Clone() credentials.TransportCredentials {
+	return loggedCreds{TransportCredentials: c.TransportCredentials.Clone(), log: c.log, lim: c.lim}
 }
 
 func unauthenticated(format string, args ...any) error {
@@ -193,6 +302,10 @@ func unauthenticated(format string, args ...any) error {
 // key holders can touch the replay cache.
 func (a *authenticator) verify(ctx context.Context, method string) error {
 	md, _ := metadata.FromIncomingContext(ctx)
+	return a.verifyMD(md, method)
+}
+
+func (a *authenticator) verifyMD(md metadata.MD, method string) error {
 	vals := md.Get(authHeader)
 	if len(vals) == 0 {
 		return unauthenticated("call to %s has no cluster credentials: the caller must hold the cluster key (dial with cluster.DialOptions)", method)

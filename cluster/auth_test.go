@@ -144,7 +144,7 @@ func TestStreamAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(ServerOptions(testKey, nil)...)
+	srv := grpc.NewServer(ServerOptions(testKey, nil, nil)...)
 	srv.RegisterService(&echoDesc, struct{}{})
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()

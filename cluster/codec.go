@@ -24,7 +24,16 @@ func (jsonCodec) Marshal(v any) ([]byte, error) {
 	return b, nil
 }
 
+// maxControlMessage bounds a control-plane message: a roster is the members' names and
+// addresses and the job's config, kilobytes. The process's gRPC server admits far larger
+// messages for the collectives' frames (grpcnet.ServerOptions), so the bound is here, before
+// decoding. Only callers holding the cluster key get this far (ServerOptions).
+const maxControlMessage = 4 << 20
+
 func (jsonCodec) Unmarshal(data []byte, v any) error {
+	if len(data) > maxControlMessage {
+		return fmt.Errorf("cluster: %T message of %d bytes, limit %d", v, len(data), maxControlMessage)
+	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("cluster: decode %T: %w", v, err)
 	}

@@ -34,9 +34,10 @@ type Config struct {
 	// StepInterval is the least time between two gossip updates caused by SetStep: the
 	// training step is for humans (`qvd status`), not worth a broadcast per step.
 	StepInterval time.Duration `yaml:"step_interval"`
-	// Key is the cluster key: 16, 24 or 32 bytes. It encrypts gossip (AES-GCM, via
-	// memberlist's keyring), authenticates gRPC calls (ServerOptions, DialOptions) and signs
-	// rosters. Required.
+	// Key is the cluster key: 16, 24 or 32 random bytes (`qvd keygen`; ValidateKey refuses
+	// keys that are evidently not random). It encrypts gossip (AES-GCM, via memberlist's
+	// keyring), authenticates gRPC calls (ServerOptions, DialOptions) and signs rosters.
+	// Required.
 	Key []byte `yaml:"-"`
 	// TLS, when not nil, is this node's mutual-TLS identity: the caller loads it (see
 	// TLSConfig) and builds its gRPC server with ServerOptions(Key, TLS). The node dials the
@@ -130,7 +131,9 @@ type configError string
 func (e configError) Error() string        { return string(e) }
 func (e configError) Is(target error) bool { return target == ErrConfig }
 
-// Validate checks every field and names the offending one by its YAML name.
+// Validate checks every field and names the offending one by its YAML name. Of the key it
+// checks the length only: a configuration is validated before the key is read (configs
+// does so with a placeholder key); New refuses a weak key (ValidateKey).
 func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return configError(field + ": " + fmt.Sprintf(format, args...))
@@ -174,15 +177,21 @@ func (c Config) Validate() error {
 	if g.SuspicionMult < 1 || g.SuspicionMult > 100 {
 		return bad("gossip.suspicion_mult", "must be in [1, 100], got %d", g.SuspicionMult)
 	}
-	switch len(c.Key) {
-	case 16, 24, 32:
-	case 0:
-		return bad("key", "missing: a cluster key of 16, 24 or 32 bytes is required (--cluster-key-file or QVD_CLUSTER_KEY)")
-	default:
-		return bad("key", "must be 16, 24 or 32 bytes (AES), got %d", len(c.Key))
+	if err := checkKeyLength(c.Key); err != nil {
+		return fieldError{field: "key", err: err}
 	}
 	return nil
 }
+
+// fieldError is a configError that keeps its cause (ErrWeakKey) for errors.Is.
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e fieldError) Error() string        { return e.field + ": " + e.err.Error() }
+func (e fieldError) Is(target error) bool { return target == ErrConfig }
+func (e fieldError) Unwrap() error        { return e.err }
 
 // splitIPPort parses ip:port. memberlist binds and advertises IP literals only, so a host
 // name is refused here rather than failing obscurely later.

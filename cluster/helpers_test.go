@@ -1,8 +1,8 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"sort"
@@ -19,10 +19,19 @@ import (
 	"google.golang.org/grpc"
 )
 
+// Random keys, as `qvd keygen` makes them: ValidateKey refuses patterned ones.
 var (
-	testKey  = bytes.Repeat([]byte{0x5a}, 32)
-	otherKey = bytes.Repeat([]byte{0xa5}, 32)
+	testKey  = mustHex("04d27db39f306d1cb957887e8d2ec0291f5ba6bbd44b17ebc751b90c47ad1dc9")
+	otherKey = mustHex("e5d474cfc838d2e1caf84cce9106813ee2419f3dd22f487a4ade208308af2b48")
 )
+
+func mustHex(s string) []byte {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
 
 // testGossip scales the LAN defaults down 5×, so a death is detected in about a second.
 var testGossip = GossipConfig{
@@ -83,7 +92,7 @@ func startNode(t *testing.T, name, role string, opts ...nodeOpt) *testNode {
 		_ = lis.Close()
 		t.Fatalf("New(%s): %v", name, err)
 	}
-	srv := grpc.NewServer(ServerOptions(cfg.Key, cfg.TLS)...)
+	srv := grpc.NewServer(ServerOptions(cfg.Key, cfg.TLS, zap.New(core))...)
 	n.Register(srv)
 	tn := &testNode{Node: n, logs: logs, srv: srv, served: make(chan struct{})}
 	go func() {

@@ -9,6 +9,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/qvd/qvd/internal/lograte"
 )
 
 // memberlist logs through a standard *log.Logger with lines like
@@ -18,8 +20,15 @@ import (
 // mlLogWriter turns them into zap entries at the matching level, and recognises the few
 // lines an operator must act on (a peer with the wrong cluster key) or that we already
 // explain better ourselves (a rejected version).
+//
+// Anyone who can send a datagram to the gossip port can make memberlist log a line (a packet
+// that does not decrypt, a message that does not decode), so every line at info level and
+// above goes through one limiter: at most mlLogBurst lines at once and mlLogBurst per
+// mlLogEvery, the next line after a gap saying how many were left out. A cluster at work
+// logs a few memberlist lines a minute, far below the limit.
 type mlLogWriter struct {
 	log *zap.Logger
+	lim *lograte.Limiter
 
 	mu struct {
 		sync.Mutex
@@ -31,10 +40,16 @@ type mlLogWriter struct {
 // misconfigured node retries its join, and one line per retry is noise.
 const keyWarnEvery = 10 * time.Second
 
+// The limit on memberlist's lines (see mlLogWriter).
+const (
+	mlLogBurst = 10
+	mlLogEvery = 10 * time.Second
+)
+
 var fromRE = regexp.MustCompile(`from=(\S+)`)
 
 func newMLLogger(l *zap.Logger) *log.Logger {
-	w := &mlLogWriter{log: l.WithOptions(zap.AddCallerSkip(3))}
+	w := &mlLogWriter{log: l.WithOptions(zap.AddCallerSkip(3)), lim: lograte.New(mlLogBurst, mlLogEvery)}
 	w.mu.lastKeyWarn = make(map[string]time.Time)
 	return log.New(w, "", 0)
 }
@@ -65,9 +80,17 @@ func (w *mlLogWriter) Write(p []byte) (int, error) {
 		if !w.shouldWarnKey(remote) {
 			return len(p), nil
 		}
+		ok, suppressed := w.lim.Allow()
+		if !ok {
+			return len(p), nil
+		}
 		w.log.Warn("refused gossip that could not be decrypted: the sender does not use this cluster's key (check the cluster key on that node)",
-			zap.String("remote_addr", remote), zap.String("memberlist", msg))
+			zap.String("remote_addr", remote), zap.String("memberlist", msg), lograte.Field(suppressed))
 		return len(p), nil
+	case strings.HasPrefix(msg, "Decrypt packet failed"):
+		// Not this node's error: a datagram that is not gossip under any key (garbage, a
+		// port scanner). Key mismatches were caught above.
+		level = zapcore.WarnLevel
 	case strings.Contains(msg, refusedMarker):
 		// Our merge/alive delegates refused a node and already logged why, once.
 		level = zapcore.DebugLevel
@@ -76,12 +99,21 @@ func (w *mlLogWriter) Write(p []byte) (int, error) {
 		level = zapcore.DebugLevel
 	}
 	// Most lines are debug chatter: check the level before doing any more work.
-	if ce := w.log.Check(level, "memberlist: "+msg); ce != nil {
-		if remote := remoteAddr(msg); remote != "" {
-			ce.Write(zap.String("remote_addr", remote))
-		} else {
-			ce.Write()
+	ce := w.log.Check(level, "memberlist: "+msg)
+	if ce == nil {
+		return len(p), nil
+	}
+	var suppressed int
+	if level >= zapcore.InfoLevel {
+		var ok bool
+		if ok, suppressed = w.lim.Allow(); !ok {
+			return len(p), nil
 		}
+	}
+	if remote := remoteAddr(msg); remote != "" {
+		ce.Write(zap.String("remote_addr", remote), lograte.Field(suppressed))
+	} else {
+		ce.Write(lograte.Field(suppressed))
 	}
 	return len(p), nil
 }

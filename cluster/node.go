@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -28,9 +29,27 @@ var (
 	// ErrTLSMismatch: a peer uses mutual TLS with another CA than ours, or only one of us
 	// uses TLS at all.
 	ErrTLSMismatch = errors.New("cluster: TLS setup mismatch")
-	// ErrJoin: no peer could be joined, for a reason other than the three above.
+	// ErrNameTaken: a live member of the cluster already has this node's name (node names
+	// must be unique: ranks and rosters go by them).
+	ErrNameTaken = errors.New("cluster: node name already taken")
+	// ErrNotQVD: the peer answered, but not as a qvd node does (another service listens on
+	// that port).
+	ErrNotQVD = errors.New("cluster: peer is not a qvd node")
+	// ErrJoin: no peer could be joined, for a reason other than those above.
 	ErrJoin = errors.New("cluster: join failed")
 )
+
+// Retryable reports whether a failed Join may succeed if tried again: no peer was reachable
+// or none answered (it may be starting). A refusal — ErrKeyMismatch, ErrIncompatibleVersion,
+// ErrTLSMismatch, ErrNameTaken, ErrNotQVD — is final, and so is a cancelled context.
+func Retryable(err error) bool {
+	for _, final := range []error{ErrKeyMismatch, ErrIncompatibleVersion, ErrTLSMismatch, ErrNameTaken, ErrNotQVD, ErrClosed, context.Canceled} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
+	return err != nil
+}
 
 // Member is one node as this node sees it.
 type Member struct {
@@ -130,6 +149,7 @@ type Node struct {
 		leaving   map[string]leaveIntent // node name → its leave notice
 		joining   bool                   // a Join is in progress: record refusals for it
 		refusal   error                  // the last refusal by our merge delegate during Join
+		nameTaken error                  // ErrNameTaken found during Join: never leave under that name
 		refused   map[string]bool        // name+metadata of nodes already logged as refused
 		changed   chan struct{}          // closed and replaced on every membership change
 		roster    rosterState
@@ -159,6 +179,9 @@ func New(cfg Config, meta Meta, log *zap.Logger) (*Node, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if err := ValidateKey(cfg.Key); err != nil {
+		return nil, fieldError{field: "key", err: err}
 	}
 	if meta.Version == "" {
 		meta.Version = version.Version
@@ -253,6 +276,7 @@ func (n *Node) memberlistConfig() (*memberlist.Config, error) {
 	c.Events = d
 	c.Alive = d
 	c.Merge = d
+	c.Conflict = d
 	c.Logger = newMLLogger(n.log)
 	c.LogOutput = nil
 	return c, nil
@@ -325,19 +349,29 @@ func (n *Node) Join(ctx context.Context, peers ...string) error {
 	select {
 	case r = <-res:
 	case <-ctx.Done():
-		return fmt.Errorf("join %s: %w", strings.Join(peers, ", "), ctx.Err())
+		return fmt.Errorf("join %s: %w", strings.Join(peers, ", "), context.Cause(ctx))
 	case <-n.done:
 		return ErrClosed
 	}
 
 	n.mu.Lock()
-	refusal := n.mu.refusal
+	refusal, taken := n.mu.refusal, n.mu.nameTaken
 	n.mu.Unlock()
+	if taken != nil {
+		// memberlist counts the join as done, but the cluster ignores this node: it keeps
+		// the member that had the name first.
+		return fmt.Errorf("join %s: %w", strings.Join(peers, ", "), taken)
+	}
 	if r.err != nil || r.joined == 0 {
 		if refusal != nil {
 			return fmt.Errorf("join %s: %w", strings.Join(peers, ", "), refusal)
 		}
 		msg := flattenJoinError(r.err)
+		if len(peers) == 1 {
+			if why := n.notQVD(peers[0], msg); why != "" {
+				return fmt.Errorf("join %s: %w", peers[0], &notQVDError{peer: peers[0], why: why, detail: msg})
+			}
+		}
 		if isKeyMismatch(msg) {
 			return fmt.Errorf("join %s: %w: the peer refused this node or its reply could not be decrypted; check that both use the same cluster key (%s)",
 				strings.Join(peers, ", "), ErrKeyMismatch, msg)
@@ -351,6 +385,72 @@ func (n *Node) Join(ctx context.Context, peers ...string) error {
 	}
 	n.log.Info("joined cluster", zap.Strings("peers", peers), zap.Int("members", n.ml.NumMembers()))
 	return nil
+}
+
+var _ memberlist.ConflictDelegate = (*delegates)(nil)
+
+// NotifyConflict: memberlist heard of a node named like a live member but at another
+// address, and ignores it (the member that had the name first keeps it). On the node that
+// is joining, with the name another member holds, that makes Join fail with ErrNameTaken at
+// once (without it, the newcomer would wait for a roster that never names it); the members
+// log the refusal. memberlist calls this with its node lock held.
+func (d *delegates) NotifyConflict(existing, other *memberlist.Node) {
+	n := d.n
+	if existing.Name == n.cfg.NodeName {
+		n.mu.Lock()
+		joining := n.mu.joining
+		if joining && n.mu.nameTaken == nil {
+			role := toMember(other, StateAlive).Meta.Role
+			if role == "" {
+				role = "node"
+			}
+			n.mu.nameTaken = fmt.Errorf("%w: node name %q is already taken by a %s at %s; give each node its own name",
+				ErrNameTaken, n.cfg.NodeName, role, other.Address())
+		}
+		n.mu.Unlock()
+		if joining {
+			return
+		}
+		// We hold the name; other is the newcomer.
+		n.logRefusal(other, fmt.Errorf("%w: %q is this node's name", ErrNameTaken, other.Name))
+		return
+	}
+	n.logRefusal(other, fmt.Errorf("%w: %q is the name of the member at %s", ErrNameTaken, other.Name, existing.Address()))
+}
+
+// notQVDError is ErrNotQVD for one peer, worded for the user: "HOST:PORT is not a qvd node".
+type notQVDError struct{ peer, why, detail string }
+
+func (e *notQVDError) Error() string {
+	return fmt.Sprintf("%s is not a qvd node: %s (%s)", e.peer, e.why, e.detail)
+}
+
+func (e *notQVDError) Is(target error) bool { return target == ErrNotQVD }
+
+// notQVD says why peer, which failed a join with msg, is not a qvd node, or "" when it may
+// be one. A qvd node encrypts every gossip exchange with the cluster key and, on a message
+// it cannot read, answers with an encrypted error (which reads as a key mismatch here); so a
+// cleartext answer comes from something else. A connection closed without any answer is
+// ambiguous — a busy memberlist sheds push/pull requests that way — so such a peer is asked
+// an encrypted ping over UDP, which a qvd node with our key answers at once. A peer that
+// refuses connections or does not answer in time may be a qvd node still starting (or
+// stopped): the caller retries those.
+func (n *Node) notQVD(peer, msg string) string {
+	m := strings.ToLower(msg)
+	if strings.Contains(m, "encryption is configured but remote state is not encrypted") {
+		return "it answered in cleartext, not with qvd's encrypted gossip (another service on that port?)"
+	}
+	if !strings.HasSuffix(m, ": eof") && !strings.Contains(m, "connection reset by peer") {
+		return ""
+	}
+	addr, err := net.ResolveUDPAddr("udp", peer)
+	if err != nil {
+		return ""
+	}
+	if _, err := n.ml.Ping("", addr); err == nil {
+		return "" // a qvd node with our key: busy, not foreign
+	}
+	return "it closed the connection without a gossip answer and does not answer gossip pings (another service on that port?)"
 }
 
 // flattenJoinError turns memberlist's multierror ("1 error occurred:\n\t* failed to join
@@ -734,7 +834,9 @@ func (n *Node) Close() error {
 func (n *Node) close() error {
 	n.mu.Lock()
 	n.mu.closed = true
-	killed := n.mu.killed
+	// A node refused for its name must not leave either: its leave would be taken for the
+	// departure of the member that holds the name.
+	killed := n.mu.killed || n.mu.nameTaken != nil
 	n.mu.Unlock()
 
 	var leaveErr error

@@ -145,7 +145,9 @@ func rendezvousTimeout(ctx context.Context, job string, world int, took time.Dur
 		fmt.Fprintf(&b, "; last attempt: %v", lastErr)
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("coordinate: %w (%s)", ctx.Err(), b.String())
+		// The cause says why (a signal: "interrupted by SIGTERM"), where ctx.Err() would
+		// only say "context canceled".
+		return fmt.Errorf("coordinate: %w during rendezvous (%s)", context.Cause(ctx), b.String())
 	}
 	return fmt.Errorf("coordinate: %w: %s", ErrRendezvousTimeout, b.String())
 }
@@ -326,7 +328,7 @@ func (n *Node) awaitTimeout(ctx context.Context, took time.Duration) error {
 		seen = "visible coordinators: " + strings.Join(coords, ", ")
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("await roster on %s: %w after %v; %s", n.cfg.NodeName, ctx.Err(), took.Round(time.Millisecond), seen)
+		return fmt.Errorf("await roster on %s: %w during rendezvous after %v; %s", n.cfg.NodeName, context.Cause(ctx), took.Round(time.Millisecond), seen)
 	}
 	return fmt.Errorf("await roster on %s: %w: no roster after %v; %s", n.cfg.NodeName, ErrRendezvousTimeout, took.Round(time.Millisecond), seen)
 }

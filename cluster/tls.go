@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -47,7 +48,8 @@ type TLSConfig struct {
 	CA string `yaml:"ca" json:"ca"`
 	// Cert is this node's certificate (PEM), signed by CA, followed by any intermediates.
 	Cert string `yaml:"cert" json:"cert"`
-	// Key is Cert's private key (PEM: PKCS#8, SEC 1 EC or PKCS#1 RSA). Keep it mode 0600.
+	// Key is Cert's private key (PEM: PKCS#8, SEC 1 EC or PKCS#1 RSA). Keep it mode 0600
+	// (Load warns when group or others may read it).
 	Key string `yaml:"key" json:"key"`
 }
 
@@ -55,15 +57,17 @@ type TLSConfig struct {
 func (c TLSConfig) Enabled() bool { return c.CA != "" || c.Cert != "" || c.Key != "" }
 
 // Validate loads the files (see Load): a missing field, an unreadable file, a CA file without
-// certificates, a key that does not match its certificate or a certificate the CA did not
-// sign is an error naming the field and the file.
+// certificates or holding one that is not a CA's, a node certificate that is a CA's, a key
+// that does not match its certificate or a certificate the CA did not sign is an error
+// naming the field and the file.
 func (c TLSConfig) Validate() error {
-	_, err := c.Load()
+	_, err := c.Load(nil)
 	return err
 }
 
-// Load reads the files into a TLS identity; nil, nil when no file is named.
-func (c TLSConfig) Load() (*TLS, error) {
+// Load reads the files into a TLS identity; nil, nil when no file is named. When log is not
+// nil, a key file that group or others may read is warned about there (see ReadKeyFile).
+func (c TLSConfig) Load(log *zap.Logger) (*TLS, error) {
 	if !c.Enabled() {
 		return nil, nil
 	}
@@ -80,7 +84,13 @@ func (c TLSConfig) Load() (*TLS, error) {
 			missing[0], strings.Join(have, ", ")))
 	}
 	read := func(field, path string) ([]byte, error) {
-		b, err := os.ReadFile(path)
+		var b []byte
+		var err error
+		if field == "key" {
+			b, err = ReadKeyFile(path, log)
+		} else {
+			b, err = os.ReadFile(path)
+		}
 		if err != nil {
 			return nil, configError(fmt.Sprintf("%s: %v", field, err))
 		}
@@ -137,6 +147,12 @@ func newTLS(files TLSConfig, caPEM, certPEM, keyPEM []byte) (*TLS, error) {
 	if len(cas) == 0 {
 		return nil, bad("ca", "%s holds no PEM certificate", orText(files.CA))
 	}
+	for i, c := range cas {
+		if err := isCA(c); err != nil {
+			return nil, bad("ca", "%s: certificate %d (%q) %v: the CA file holds the cluster CA's certificate (ca.pem of `qvd certs`), not a node's",
+				orText(files.CA), i+1, c.Subject.CommonName, err)
+		}
+	}
 	t := &TLS{roots: x509.NewCertPool()}
 	h := sha256.New()
 	for _, c := range cas {
@@ -151,6 +167,10 @@ func newTLS(files TLSConfig, caPEM, certPEM, keyPEM []byte) (*TLS, error) {
 	}
 	if len(chain) == 0 {
 		return nil, bad("cert", "%s holds no PEM certificate", orText(files.Cert))
+	}
+	if err := isLeaf(chain[0]); err != nil {
+		return nil, bad("cert", "%s: %q %v: a node's identity is a certificate the CA issued for it (HOST.pem of `qvd certs`), never the CA's own",
+			orText(files.Cert), chain[0].Subject.CommonName, err)
 	}
 	t.cert, err = tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
@@ -168,6 +188,32 @@ func newTLS(files TLSConfig, caPEM, certPEM, keyPEM []byte) (*TLS, error) {
 		}
 	}
 	return t, nil
+}
+
+// isCA refuses a certificate that may not sign others: a CA needs the basic constraints
+// extension with CA:TRUE (RFC 5280 §4.2.1.9) and, when it states key usages, keyCertSign
+// (§4.2.1.3). Go's verifier trusts any certificate put in a root pool, so without this check
+// a node certificate given as the CA would be accepted, and would admit only itself.
+func isCA(c *x509.Certificate) error {
+	switch {
+	case !c.BasicConstraintsValid || !c.IsCA:
+		return errors.New("is not a CA certificate (basic constraints CA:FALSE or absent)")
+	case c.KeyUsage != 0 && c.KeyUsage&x509.KeyUsageCertSign == 0:
+		return errors.New("is not a CA certificate (its key usage lacks certificate signing)")
+	}
+	return nil
+}
+
+// isLeaf refuses a CA certificate as a node's identity: a node holding the CA's key could
+// issue certificates to anyone, and the CA's key belongs offline (see pki.CA).
+func isLeaf(c *x509.Certificate) error {
+	switch {
+	case c.BasicConstraintsValid && c.IsCA:
+		return errors.New("is a CA certificate (basic constraints CA:TRUE)")
+	case c.KeyUsage&x509.KeyUsageCertSign != 0:
+		return errors.New("is a CA certificate (its key usage allows certificate signing)")
+	}
+	return nil
 }
 
 func orText(path string) string {

@@ -79,10 +79,10 @@ func TestTLSConfigErrors(t *testing.T) {
 	old, oldKey := write("old.pem", expired), write("old-key.pem", expiredKey)
 	missing := filepath.Join(dir, "missing.pem")
 
-	if id, err := (TLSConfig{}).Load(); id != nil || err != nil {
+	if id, err := (TLSConfig{}).Load(nil); id != nil || err != nil {
 		t.Fatalf("no files: %v, %v; want no TLS", id, err)
 	}
-	id, err := TLSConfig{CA: ca, Cert: cert, Key: key}.Load()
+	id, err := TLSConfig{CA: ca, Cert: cert, Key: key}.Load(nil)
 	if err != nil || id.Fingerprint() == "" {
 		t.Fatalf("good files: %v", err)
 	}

@@ -60,7 +60,8 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-const testKey = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+// testKey is random, as `qvd keygen` makes keys: cluster.ValidateKey refuses patterned ones.
+const testKey = "bd9df3d2910285c0cdc3780fe1d63c8820b2af8ad8499474a9910d78e5e16713"
 
 // readModel loads a checkpoint's weights as one flat slice in file order.
 func readModel(t *testing.T, dir string) map[string][]float32 {
@@ -283,7 +284,7 @@ func TestStatusAndWrongKey(t *testing.T) {
 	t.Logf("qvd status:\n%s", status)
 
 	// A node with another key is refused, and says why.
-	t.Setenv(clusterKeyEnv, strings.Repeat("ff", 32))
+	t.Setenv(clusterKeyEnv, "e5d474cfc838d2e1caf84cce9106813ee2419f3dd22f487a4ade208308af2b48")
 	code, _, errs := runQVD(t, "join", coord, "--bind", "127.0.0.1:0", "--node-name", "intruder")
 	if code == exitOK || !strings.Contains(errs, "key") {
 		t.Fatalf("wrong key: exit %d\n%s", code, errs)

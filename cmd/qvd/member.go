@@ -31,12 +31,17 @@ import (
 const clusterKeyEnv = "QVD_CLUSTER_KEY"
 
 // loadClusterKey reads the cluster key from file, or else from $QVD_CLUSTER_KEY. The text
-// may be hex or base64 of 16, 24 or 32 bytes (AES-128/192/256), or those raw bytes.
-func loadClusterKey(file string) ([]byte, error) {
+// may be hex or base64 of 16, 24 or 32 bytes (AES-128/192/256), or those raw bytes; a weak
+// key is refused (cluster.ValidateKey).
+func loadClusterKey(file string) ([]byte, error) { return loadClusterKeyLogged(file, nil) }
+
+// loadClusterKeyLogged is loadClusterKey that warns on log (when not nil) about a key file
+// group or others may read.
+func loadClusterKeyLogged(file string, log *zap.Logger) ([]byte, error) {
 	var text []byte
 	src := "$" + clusterKeyEnv
 	if file != "" {
-		b, err := os.ReadFile(file)
+		b, err := cluster.ReadKeyFile(file, log)
 		if err != nil {
 			return nil, fmt.Errorf("cluster key: %w", err)
 		}
@@ -47,6 +52,9 @@ func loadClusterKey(file string) ([]byte, error) {
 		return nil, fmt.Errorf("cluster key: none given: use --cluster-key-file FILE or set %s (make one with `qvd keygen`)", clusterKeyEnv)
 	}
 	key, err := parseKey(text)
+	if err == nil {
+		err = cluster.ValidateKey(key)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cluster key from %s: %w", src, err)
 	}
@@ -116,8 +124,13 @@ func (t tlsFlags) resolve(fromConfig cluster.TLSConfig) cluster.TLSConfig {
 
 // load resolves and loads this node's TLS identity; nil without TLS.
 func (t tlsFlags) load(fromConfig cluster.TLSConfig) (cluster.TLSConfig, *cluster.TLS, error) {
+	return t.loadLogged(fromConfig, nil)
+}
+
+// loadLogged is load that warns on log (when not nil) about a key file others may read.
+func (t tlsFlags) loadLogged(fromConfig cluster.TLSConfig, log *zap.Logger) (cluster.TLSConfig, *cluster.TLS, error) {
 	files := t.resolve(fromConfig)
-	id, err := files.Load()
+	id, err := files.Load(log)
 	if err != nil {
 		return files, nil, fmt.Errorf("tls.%w", err)
 	}
@@ -145,11 +158,11 @@ type member struct {
 // gossip port + 1 unless the gossip port is 0), then the gossip node advertising them.
 // tlsc is the config's tls section (a worker passes none: see tlsFlags.resolve).
 func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, f memberFlags, log *zap.Logger) (*member, error) {
-	key, err := loadClusterKey(f.keyFile)
+	key, err := loadClusterKeyLogged(f.keyFile, log)
 	if err != nil {
 		return nil, err
 	}
-	tlsc, id, err := f.tls.load(tlsc)
+	tlsc, id, err := f.tls.loadLogged(tlsc, log)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +212,7 @@ func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, 
 		lis.Close()
 		return nil, fmt.Errorf("data-plane listener: %w", err)
 	}
-	opts := append(cluster.ServerOptions(key, id), grpcnet.ServerOptions()...)
+	opts := append(cluster.ServerOptions(key, id, log), grpcnet.ServerOptions()...)
 	m.server = grpc.NewServer(opts...)
 	_, tcpPort, _ := net.SplitHostPort(m.tcp.Addr())
 	meta := cluster.Meta{

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/internal/lograte"
 )
 
 // The hand-written service: no .proto exists because the only message is a raw frame
@@ -48,10 +49,18 @@ var framesDesc = grpc.ServiceDesc{
 	Metadata: "collective/grpcnet (hand-written, no .proto)",
 }
 
+// Refused-stream warnings are bounded: behind the cluster's ServerOptions only key holders
+// reach the Hub, but a Hub served without them could be made to log a line per stream.
+const (
+	refusalBurst = 10
+	refusalEvery = 10 * time.Second
+)
+
 // Hub accepts the frame streams that arrive at this process's gRPC server and hands each to
 // the transport of the job it claims, once its hello proves it belongs there.
 type Hub struct {
 	log    *zap.Logger
+	lim    *lograte.Limiter // bounds the refused-stream warnings
 	tune   tuning
 	closed chan struct{}
 	wg     sync.WaitGroup // stream readers
@@ -72,7 +81,7 @@ func NewHub(server grpc.ServiceRegistrar, log *zap.Logger) *Hub {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	h := &Hub{log: log, tune: defaultTuning, closed: make(chan struct{})}
+	h := &Hub{log: log, lim: lograte.New(refusalBurst, refusalEvery), tune: defaultTuning, closed: make(chan struct{})}
 	h.mu.groups = make(map[string]*transport)
 	h.mu.changed = make(chan struct{})
 	server.RegisterService(&framesDesc, h)
@@ -182,7 +191,10 @@ func (h *Hub) serveStream(ss grpc.ServerStream) error {
 		}
 	}
 	refuse := func(err error) error {
-		h.log.Warn("grpcnet: refused a frame stream", zap.String("remote", remote), zap.String("job", job), zap.Error(err))
+		if ok, suppressed := h.lim.Allow(); ok {
+			h.log.Warn("grpcnet: refused a frame stream", zap.String("remote", remote), zap.String("job", job), zap.Error(err),
+				lograte.Field(suppressed))
+		}
 		return err
 	}
 	if job == "" {

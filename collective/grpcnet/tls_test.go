@@ -1,8 +1,8 @@
 package grpcnet
 
 import (
-	"bytes"
 	"context"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -68,8 +68,8 @@ func TestTLSFrameStreams(t *testing.T) {
 	leakCheck(t)
 	caA, caB := mustCA(t), mustCA(t)
 	idA, idB := tlsIdentity(t, caA), tlsIdentity(t, caB)
-	key := bytes.Repeat([]byte{7}, 32)
-	nodes := tcpNodes(t, testTuning(), 2, cluster.ServerOptions(key, idA)...)
+	key, _ := hex.DecodeString("bde22900e1b7eb95844631756a8f5c39eec392e3b79a2d31dac777fce2017365") // a random key: cluster.ValidateKey refuses patterned ones
+	nodes := tcpNodes(t, testTuning(), 2, cluster.ServerOptions(key, idA, nil)...)
 	ctx := ctxFor(t, 20*time.Second)
 	secret := []byte("tls test secret")
 	creds := cluster.DialOptions(key, idA)
