@@ -68,13 +68,16 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if err := t.reduceGrads(cctx, ran); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.step+1, err)
 	}
-	// The loss (for logging), the stop request and a request to adapt the micro-batch travel
-	// together, so every rank stops or adapts at the same step.
-	wantStop := 0.0
+	// The loss (for logging), the stop request, a request to adapt the micro-batch and a
+	// failed metrics write travel together, so every rank stops or adapts at the same step.
+	wantStop, sinkFailed := 0.0, 0.0
 	if ctx.Err() != nil {
 		wantStop = 1
 	}
-	sc := []float64{lossSum, float64(ran), wantStop, t.wantAdapt()}
+	if t.sinkErr != nil {
+		sinkFailed = 1
+	}
+	sc := []float64{lossSum, float64(ran), wantStop, t.wantAdapt(), sinkFailed}
 	if err := t.reduceScalars(cctx, sc, collective.Sum); err != nil {
 		return false, fmt.Errorf("step %d: reducing the loss: %w", t.step+1, err)
 	}
@@ -82,7 +85,10 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if sc[1] > 0 {
 		loss = sc[0] / sc[1] // mean over the micro-batches that ran, on all ranks
 	}
-	stop = sc[2] > 0
+	if sc[4] > 0 && t.sinkErr == nil {
+		t.sinkErr = errPeerSink
+	}
+	stop = sc[2] > 0 || sc[4] > 0
 	adaptNow := sc[3] > 0
 
 	// One pass gives both the norm and the overflow check: any Inf/NaN makes the sum
@@ -186,9 +192,9 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 	t.observeMemory(&rec)
 	rec.Time = float64(t.clock.Now().UnixNano()) / 1e9
 	res.LastLoss = rec.Loss
-	if t.metrics != nil {
+	if t.metrics != nil && t.sinkErr == nil {
 		if err := t.metrics.Write(rec); err != nil {
-			return fmt.Errorf("writing metrics: %w", err)
+			t.sinkFailed(err)
 		}
 	}
 	if t.progress != nil {
@@ -240,11 +246,11 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 	res.TestLoss = tot[0] / n
 	t.log.Info("evaluation", zap.Int64("step", t.step), zap.Float64("epoch", t.fracEpoch()),
 		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64("test_loss", res.TestLoss), zap.Int("samples", int(n)))
-	if t.metrics != nil {
+	if t.metrics != nil && t.sinkErr == nil {
 		rec := metrics.Record{Kind: metrics.KindEval, Time: float64(t.clock.Now().UnixNano()) / 1e9, Step: t.step,
 			Epoch: t.fracEpoch(), Loss: res.TestLoss, Accuracy: res.TestAccuracy, Samples: int(n)}
 		if err := t.metrics.Write(rec); err != nil {
-			return fmt.Errorf("writing metrics: %w", err)
+			t.sinkFailed(err)
 		}
 	}
 	return nil

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -140,6 +142,11 @@ type Result struct {
 	// rank of a group (they hold the same model), and a cheap fingerprint to compare runs.
 	WeightsSHA256 string
 	EpochSeconds  []float64
+	// AlreadyFinished: the run resumed from a checkpoint at or past its last step, so Run
+	// trained nothing (and evaluated nothing: TestAccuracy and TestLoss are unset).
+	AlreadyFinished bool
+	// TotalSteps is the step the run ends at (epochs or max_steps, whichever comes first).
+	TotalSteps int64
 }
 
 // Trainer runs the single-worker training loop: micro-batches with gradient accumulation,
@@ -208,6 +215,11 @@ type Trainer struct {
 	dev      DeviceStepper // the model, when the step runs on its device (nil: on the host)
 	prefetch prefetchState
 	emaStep  float64 // smoothed seconds per step, for ETA
+
+	// sinkErr is the first error writing the metrics (or what the sink writes with them: the
+	// log file), or a peer's report of one: the run stops at the next step boundary every rank
+	// agrees on, saves a checkpoint and fails with it.
+	sinkErr error
 
 	scalarBuf    []float32 // for the small per-step all-reduces
 	abortMu      sync.Mutex
@@ -331,6 +343,11 @@ func New(s Setup) (*Trainer, error) {
 			t.Close()
 			return nil, fmt.Errorf("checkpoint: %w", err)
 		}
+		// Now, not at the first save, after the training time has been spent.
+		if err := CheckDir(s.Checkpoint.Dir, t.CheckpointBytes()); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("checkpoint.dir: %w", err)
+		}
 	}
 	if s.Resume != nil && t.rank == 0 { // the others receive rank 0's state when Run starts
 		if err := t.restore(s.Resume); err != nil {
@@ -343,6 +360,51 @@ func New(s Setup) (*Trainer, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// ckptMetaBytes bounds meta.json (the resolved config and the tensor table: a few KiB) and
+// the filesystem's per-file rounding in CheckpointBytes.
+const ckptMetaBytes = 64 << 10
+
+// CheckpointBytes estimates one checkpoint's size on disk: the full fp32 weights and the
+// optimizer state of the whole model, which a checkpoint stores in float32 whatever the
+// optimizer keeps in memory (the 8-bit optimizers' state is decoded to save it).
+func (t *Trainer) CheckpointBytes() int64 {
+	const f32 = 4
+	opt := t.eng.Optimizer()
+	moments := int64(len(opt.State())) // one buffer per moment, each one element per parameter
+	if _, ok := opt.(offload.StateCodec); ok {
+		moments = 2 // the 8-bit optimizers are Adam's: exp_avg and exp_avg_sq
+	}
+	return f32*int64(t.layout.Size) + f32*moments*int64(t.layout.Trainable()) + ckptMetaBytes
+}
+
+// ErrNoSpace is CheckDir's error when a directory's filesystem has less room than needed.
+var ErrNoSpace = errors.New("not enough free space")
+
+// CheckDir checks that a file can be created and written in dir, and that dir's filesystem
+// has at least need bytes available (statfs's f_bavail, what an unprivileged writer gets):
+// what a run needs of its run and checkpoint directories, checked before it trains rather
+// than found at its first write.
+func CheckDir(dir string, need int64) error {
+	f, err := os.CreateTemp(dir, ".qvd-write-check-*")
+	if err != nil {
+		return fmt.Errorf("%s is not writable: %w", dir, err)
+	}
+	_, werr := f.Write([]byte{'\n'})
+	cerr := f.Close()
+	rerr := os.Remove(f.Name())
+	if err := errors.Join(werr, cerr, rerr); err != nil {
+		return fmt.Errorf("%s is not writable: %w", dir, err)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("checking the free space in %s: %w", dir, err)
+	}
+	if avail := uint64(st.Bavail) * uint64(st.Bsize); need > 0 && avail < uint64(need) {
+		return fmt.Errorf("%s: %w: %s available, about %s needed", dir, ErrNoSpace, memstat.FormatBytes(avail), memstat.FormatBytes(uint64(need)))
+	}
+	return nil
 }
 
 // Close stops the optimizer's and the pool's goroutines; safe to call twice.
@@ -394,8 +456,16 @@ func (t *Trainer) TotalSteps() int64 { return t.totalSteps }
 // cancellation it finishes the step in flight, writes a checkpoint and returns ctx's error
 // together with the result so far. In a group every rank stops at the same step: the stop
 // request travels with the step's loss all-reduce.
-func (t *Trainer) Run(ctx context.Context) (Result, error) {
-	res := Result{}
+//
+// A failed write of the metrics (MetricsSink.Write) stops the run the same way, at the next
+// step boundary all ranks agree on, checkpointed; Run then returns the write's error. On
+// every error the result carries the counts reached.
+func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
+	defer func() {
+		if err != nil && !res.Interrupted {
+			t.fillCounts(&res)
+		}
+	}()
 	// Collectives run on a context that an interrupt does not cancel (the ranks must finish
 	// the step and save together); Abort cancels it when a peer is known to be lost.
 	cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -433,11 +503,19 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			t.progress.Done()
 		}
 	}()
+	if t.step > 0 && !(t.epoch < t.cfg.Epochs && t.step < t.totalSteps) {
+		res.AlreadyFinished = true
+		t.log.Info("nothing to train: the run resumed at or past its last step",
+			zap.Int64("step", t.step), zap.Int64("total_steps", t.totalSteps), zap.Int("epochs", t.cfg.Epochs))
+	}
 	for t.epoch < t.cfg.Epochs && t.step < t.totalSteps {
 		epochStart := t.clock.Now()
 		t.stopPrefetch() // its producer may read t.perm
 		data.Permutation(t.perm, t.seed, t.epoch)
 		for t.offset+t.global <= len(t.perm) && t.step < t.totalSteps {
+			if t.world == 1 && t.sinkErr != nil {
+				return t.stopOnSinkError(cctx, res)
+			}
 			if t.world == 1 && ctx.Err() != nil {
 				// Alone, stop before starting another step; a group agrees on stopping
 				// through the step's loss all-reduce instead.
@@ -446,6 +524,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			stop, err := t.runStep(ctx, cctx, &res)
 			if err != nil {
 				return res, t.abortCause(cctx, err)
+			}
+			if t.sinkErr != nil && (stop || t.world == 1) {
+				return t.stopOnSinkError(cctx, res)
 			}
 			if stop {
 				cause := context.Cause(ctx)
@@ -480,7 +561,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	t.fill(&res)
-	return res, nil
+	return res, t.sinkErr
 }
 
 // ErrStopRequested is Run's error when another rank of the group was asked to stop before
@@ -520,13 +601,21 @@ func (t *Trainer) abortCause(cctx context.Context, err error) error {
 
 func (t *Trainer) ckptEnabled() bool { return t.ckptCfg.Dir != "" }
 
+// fill completes the result of a run that stopped at a step boundary with its weights on
+// the host.
 func (t *Trainer) fill(res *Result) {
+	t.fillCounts(res)
+	res.WeightsSHA256 = weightsHash(t.params)
+}
+
+// fillCounts records how far the run got, which holds whatever state it failed in.
+func (t *Trainer) fillCounts(res *Result) {
 	res.Steps = t.step
+	res.TotalSteps = t.totalSteps
 	res.OptimizerSteps = t.eng.Optimizer().Steps()
 	res.Skipped = t.skipped
 	res.Epoch = t.fracEpoch()
 	res.Checkpoint = t.lastCkpt
-	res.WeightsSHA256 = weightsHash(t.params)
 	res.SkippedMicroBatches = t.adapt.skipped
 	res.MicroBatch, res.Accum = t.cfg.MicroBatch, t.cfg.Accum
 }
@@ -563,4 +652,33 @@ func (t *Trainer) interrupt(cctx context.Context, res Result, cause error) (Resu
 	t.fill(&res)
 	res.Interrupted = true
 	return res, cause
+}
+
+// errPeerSink is a rank's sinkErr when another rank of the group failed to write its metrics.
+var errPeerSink = errors.New("trainer: another rank of the group failed to write its metrics or logs")
+
+// sinkFailed records the first failed metrics write: logged at once (the sink's error names
+// the file), it stops the run at the next step boundary.
+func (t *Trainer) sinkFailed(err error) {
+	if t.sinkErr != nil {
+		return
+	}
+	t.sinkErr = err
+	t.log.Error("writing the run's records failed: stopping at the step boundary with a checkpoint", zap.Int64("step", t.step), zap.Error(err))
+}
+
+// stopOnSinkError ends a run whose metrics could not be written as an interrupt does (a
+// checkpoint at the step boundary), but as a failure.
+func (t *Trainer) stopOnSinkError(cctx context.Context, res Result) (Result, error) {
+	if t.ckptEnabled() && t.ckptStep != t.step {
+		t.log.Warn("saving a checkpoint at the step boundary before failing", zap.Int64("step", t.step))
+		if err := t.save(cctx); err != nil {
+			return res, errors.Join(t.sinkErr, err)
+		}
+	}
+	if err := t.pullDevice(); err != nil {
+		return res, errors.Join(t.sinkErr, err)
+	}
+	t.fill(&res)
+	return res, t.sinkErr
 }

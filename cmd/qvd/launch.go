@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -23,6 +25,10 @@ import (
 
 // launchGrace is how long workers get to save and exit after SIGTERM before SIGKILL.
 const launchGrace = 30 * time.Second
+
+// launchedEnv is set in the environment of qvd launch's workers: the launcher, not its rank 0,
+// prints the command that resumes an interrupted run.
+const launchedEnv = "QVD_LAUNCHED"
 
 // cmdLaunch starts N local workers on 127.0.0.1 — the first as the coordinator
 // (`qvd train ... --nodes N --bind`), the others with `qvd join` — prefixes their output with
@@ -97,9 +103,13 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		a = append(a, common...)
 		workers[i] = &launched{rank: i, cmd: exec.Command(exe, a...)}
 		// The worker's index on this machine picks its GPU (device.ordinal -1).
-		workers[i].cmd.Env = append(append([]string(nil), env...), "QVD_LOCAL_RANK="+strconv.Itoa(i))
+		workers[i].cmd.Env = append(append([]string(nil), env...), "QVD_LOCAL_RANK="+strconv.Itoa(i), launchedEnv+"=1")
 	}
-	return runWorkers(ctx, workers, stdout, stderr)
+	code := runWorkers(ctx, workers, stdout, stderr)
+	if code == exitInterrupted {
+		fmt.Fprintf(stdout, "resume with: %s\n", resumeCommand(progName()+" launch", args))
+	}
+	return code
 }
 
 // splitLaunchArgs separates launch's own flags from the train flags after them.
@@ -136,6 +146,19 @@ type launched struct {
 	cmd  *exec.Cmd
 	mu   sync.Mutex
 	last []string // the worker's last stderr lines, for the failure report
+	err  string   // the worker's last error line ("qvd: ...", "qvd join: ..."), for the blame
+
+	// Set by runWorkers' loop only.
+	exit     workerExit
+	atFail   procState // the process's state when the first worker failed
+	killedBy bool      // the launcher SIGKILLed it (it ignored SIGTERM)
+}
+
+// workerExit is how a worker process ended.
+type workerExit struct {
+	done   bool
+	err    error          // cmd.Wait's error: nil, or "exit status N", or "signal: killed"
+	signal syscall.Signal // the signal that killed it, or 0
 }
 
 func (w *launched) remember(line string) {
@@ -144,6 +167,10 @@ func (w *launched) remember(line string) {
 	w.last = append(w.last, line)
 	if len(w.last) > 5 {
 		w.last = w.last[1:]
+	}
+	// Commands report their final error as "qvd: ..." or "qvd COMMAND: ..." (see main.go).
+	if strings.HasPrefix(line, "qvd: ") || strings.HasPrefix(line, "qvd join: ") || strings.HasPrefix(line, "qvd train: ") {
+		w.err = line
 	}
 }
 
@@ -207,6 +234,12 @@ func runWorkers(ctx context.Context, workers []*launched, stdout, stderr io.Writ
 		for _, w := range workers {
 			if w.cmd.Process != nil && w.cmd.ProcessState == nil {
 				_ = w.cmd.Process.Signal(sig)
+				if sig == syscall.SIGKILL {
+					w.killedBy = true
+				} else if readProcState(w.cmd.Process.Pid) == procStopped {
+					// A stopped process (SIGSTOP, Ctrl-Z) only acts on SIGTERM once continued.
+					_ = w.cmd.Process.Signal(syscall.SIGCONT)
+				}
 			}
 		}
 	}
@@ -223,8 +256,17 @@ func runWorkers(ctx context.Context, workers []*launched, stdout, stderr io.Writ
 		select {
 		case e := <-exits:
 			remaining--
+			e.w.exit = exitOf(e.w.cmd, e.err)
 			if e.err != nil && failed == nil && !stopping {
 				failed = &e
+				// What the others were doing when this one failed: the rank its error
+				// blames may be stopped or hung rather than dead.
+				for _, w := range workers {
+					w.atFail = procExited
+					if !w.exit.done && w.cmd.Process != nil {
+						w.atFail = readProcState(w.cmd.Process.Pid)
+					}
+				}
 				code = exitFailure
 				stopping = true
 				signalAll(syscall.SIGTERM)
@@ -254,13 +296,122 @@ func runWorkers(ctx context.Context, workers []*launched, stdout, stderr io.Writ
 		fmt.Fprintf(stderr, "qvd launch: peak RSS (the kernel's high-water mark of each worker process): %s\n", peaks)
 	}
 	if failed != nil {
-		fmt.Fprintf(stderr, "qvd launch: rank %d failed (%v)", failed.w.rank, failed.err)
-		if len(failed.w.last) > 0 {
-			fmt.Fprintf(stderr, ":\n  %s", strings.Join(failed.w.last, "\n  "))
-		}
-		fmt.Fprintln(stderr)
+		fmt.Fprint(stderr, failureReport(failed.w, workers))
 	}
 	return code
+}
+
+// procState is a worker process's state as /proc shows it.
+type procState int
+
+const (
+	procRunning procState = iota // running or sleeping: alive (or the state is unknown)
+	procStopped                  // stopped by a signal (SIGSTOP, Ctrl-Z) or a debugger
+	procExited                   // exited (a zombie not yet reaped counts)
+)
+
+// readProcState reads the state letter of /proc/PID/stat (proc(5)): T stopped, t stopped by
+// a tracer, Z zombie, X dead; anything else is alive. Without /proc it says running.
+func readProcState(pid int) procState {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) && runtime.GOOS == "linux" {
+			return procExited
+		}
+		return procRunning
+	}
+	// "pid (comm) S ...": comm may hold spaces and parentheses, so look after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procRunning
+	}
+	switch b[i+2] {
+	case 'T', 't':
+		return procStopped
+	case 'Z', 'X', 'x':
+		return procExited
+	}
+	return procRunning
+}
+
+// exitOf records how cmd ended, after Wait returned err.
+func exitOf(cmd *exec.Cmd, err error) workerExit {
+	e := workerExit{done: true, err: err}
+	if cmd.ProcessState != nil {
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			e.signal = ws.Signal()
+		}
+	}
+	return e
+}
+
+// blameRE finds the rank an error names as its cause: collective.PeerError ("collective
+// all-reduce (tag 7): rank 1 (127.0.0.1:4242): collective: peer timed out"; an abort names
+// the rank that failed first), the gossip watcher ("rank 1 (launch-001 at ...) failed") and
+// the rendezvous ("rank 1 (launch-001 at ...): ...") all write "rank N (" first.
+var blameRE = regexp.MustCompile(`\brank (\d+) \(`)
+
+// blamedRank is the rank errLine names as the cause, or -1.
+func blamedRank(errLine string) int {
+	m := blameRE.FindStringSubmatch(errLine)
+	if m == nil {
+		return -1
+	}
+	r, err := strconv.Atoi(m[1])
+	if err != nil {
+		return -1
+	}
+	return r
+}
+
+// failureReport is the launcher's account of a failed job. It leads with the first cause,
+// not the first exit: when a rank stops answering (stopped, hung), the ranks that wait for
+// it fail first, with errors that name it, while it is still alive. So the headline names
+// the rank that the first failing worker's error blames, and says what had become of it
+// when that worker failed: "not responding" (alive or stopped), "died" (killed by a signal
+// the launcher did not send) or "failed" (exited with an error).
+func failureReport(first *launched, workers []*launched) string {
+	culprit := first
+	if r := blamedRank(first.err); r >= 0 && r < len(workers) && r != first.rank {
+		culprit = workers[r]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "qvd launch: rank %d %s", culprit.rank, verdict(culprit, culprit == first))
+	lines := func(w *launched) {
+		if len(w.last) > 0 {
+			fmt.Fprintf(&b, ":\n  %s", strings.Join(w.last, "\n  "))
+		}
+		b.WriteString("\n")
+	}
+	if culprit == first {
+		lines(first)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "; rank %d was the first to fail", first.rank)
+	lines(first)
+	return b.String()
+}
+
+// verdict says what became of w: for the first failing worker, how it exited; for another
+// that it blamed, what state it was in at that moment.
+func verdict(w *launched, first bool) string {
+	state := w.atFail
+	if first {
+		state = procExited
+	}
+	switch state {
+	case procStopped:
+		return "not responding (its process is stopped: SIGSTOP, Ctrl-Z or a debugger)"
+	case procRunning:
+		return "not responding (alive, but it stopped answering the other ranks)"
+	}
+	switch {
+	case w.exit.signal != 0 && !w.killedBy:
+		return fmt.Sprintf("died (killed by %s)", signalName(w.exit.signal))
+	case w.exit.err != nil:
+		return fmt.Sprintf("failed (%v)", w.exit.err)
+	}
+	return "exited"
 }
 
 // peakRSS lists the exited workers' resident-set high-water marks as the kernel measured

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,7 +21,7 @@ const (
 	exitOK          = 0
 	exitFailure     = 1
 	exitUsage       = 2   // bad flags or configuration
-	exitInterrupted = 130 // stopped by SIGINT/SIGTERM after saving a checkpoint (128+SIGINT, as shells report)
+	exitInterrupted = 130 // stopped after saving a checkpoint (128+SIGINT, as shells report); a SIGTERM makes it 143 (see signalExitCode)
 )
 
 const usage = `qvd — a distributed deep-learning trainer in one binary
@@ -52,11 +53,56 @@ Run "qvd COMMAND -h" for a command's flags.
 func main() { os.Exit(mainWithSignals()) }
 
 // mainWithSignals runs the command line with SIGINT/SIGTERM cancelling the context, so a
-// training job stops at a step boundary and saves a checkpoint.
+// training job stops at a step boundary and saves a checkpoint. The context's cause is an
+// interrupted naming the signal, so errors say "interrupted by SIGTERM" rather than "context
+// canceled"; a command it stops exits 128+signal, as a shell reports a process the signal
+// killed (130 for SIGINT, 143 for SIGTERM).
 func mainWithSignals() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case s := <-sigs:
+			sig, _ := s.(syscall.Signal)
+			cancel(interrupted{sig})
+		case <-ctx.Done():
+		}
+	}()
+	return signalExitCode(ctx, run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// interrupted is the cause of the context's cancellation by a signal. It is a
+// context.Canceled, so code that tests for cancellation still sees one.
+type interrupted struct{ sig syscall.Signal }
+
+func (e interrupted) Error() string { return "interrupted by " + signalName(e.sig) }
+
+func (e interrupted) Is(target error) bool { return target == context.Canceled }
+
+// signalName is the signal's conventional name ("SIGTERM"), as kill -l lists it.
+func signalName(s syscall.Signal) string {
+	names := map[syscall.Signal]string{
+		syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGABRT: "SIGABRT",
+		syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV", syscall.SIGBUS: "SIGBUS", syscall.SIGPIPE: "SIGPIPE",
+		syscall.SIGTERM: "SIGTERM", syscall.SIGSTOP: "SIGSTOP",
+	}
+	if n, ok := names[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("signal %d (%v)", int(s), s)
+}
+
+// signalExitCode is code, or 128+signal when a signal stopped the command (a command that
+// still succeeded keeps 0).
+func signalExitCode(ctx context.Context, code int) int {
+	var in interrupted
+	if code != exitOK && errors.As(context.Cause(ctx), &in) {
+		return 128 + int(in.sig)
+	}
+	return code
 }
 
 // run is main without the process: tests call it directly.

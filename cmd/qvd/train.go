@@ -7,8 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -26,6 +30,7 @@ import (
 	"github.com/qvd/qvd/internal/version"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/rundir"
 	"github.com/qvd/qvd/trainer"
 )
 
@@ -155,8 +160,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 		return cfg, nil, fmt.Errorf("%w: %w", configs.ErrInvalid, err)
 	}
 	if auto != nil {
-		ds.Warnings = append(ds.Warnings, fmt.Sprintf("micro_batch: auto chose micro-batch %d × accum %d × %d worker(s) = %d (budget %s per worker, model states %s, activations %s per sample measured; the Go heap at the probe at %d: %s)",
-			auto.micro, auto.accum, world, cfg.Train.EffectiveBatch, humanBytes(auto.budget), humanBytes(auto.states), humanBytes(auto.perSample), auto.micro, humanBytes(auto.probed)))
+		ds.Warnings = append(ds.Warnings, fmt.Sprintf("micro_batch: auto chose micro-batch %d × accum %d × %d worker(s) = %d (budget %s per worker from %s, model states %s, activations %s per sample measured; the Go heap at the probe at %d: %s)",
+			auto.micro, auto.accum, world, cfg.Train.EffectiveBatch, humanBytes(auto.budget), auto.budgetFrom, humanBytes(auto.states), humanBytes(auto.perSample), auto.micro, humanBytes(auto.probed)))
 	}
 	cfg.Resolve()
 	if err := cfg.Validate(); err != nil {
@@ -195,6 +200,8 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var nodes int
 	var mf memberFlags
 	f.fs.StringVar(&resume, "resume", "", `continue from a checkpoint directory, or "auto" for the newest valid one in checkpoint.dir (none: start fresh)`)
+	var overwrite bool
+	f.fs.BoolVar(&overwrite, "overwrite", false, "start a new run in a run directory that holds another run: its contents move to <out>.old-<time> (nothing is deleted)")
 	f.fs.IntVar(&nodes, "nodes", 1, "number of processes in the job: > 1 makes this the coordinating member, which waits for nodes-1 `qvd join`s")
 	mf.register(f.fs)
 	if err := f.fs.Parse(args); err != nil {
@@ -216,7 +223,23 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "qvd train: %v\n", err)
 		return exitUsage
 	}
-	j := &job{cfg: cfg, resume: resume, rank: 0, world: nodes, configName: orDefault(f.config)}
+	// From here the run owns its directory: locked against a second run, checked for another
+	// run's checkpoints and metrics, its run id recorded. Only rank 0 opens it; the workers
+	// of the job write their shards under its lock.
+	rd, err := rundir.Open(rundir.Options{Dir: cfg.Run.Out, CheckpointDir: cfg.Checkpoint.Dir,
+		MetricsFile: cfg.MetricsPath(), Resume: resume, Overwrite: overwrite})
+	if err != nil {
+		fmt.Fprintf(stderr, "qvd train: %v\n", err)
+		if errors.Is(err, rundir.ErrInvalidOptions) || errors.Is(err, rundir.ErrRunExists) || errors.Is(err, checkpoint.ErrOtherRun) {
+			return exitUsage
+		}
+		return exitFailure
+	}
+	defer rd.Close()
+	j := &job{cfg: cfg, resume: resume, rank: 0, world: nodes}
+	if os.Getenv(launchedEnv) == "" { // under qvd launch, the launcher prints the hint
+		j.resumeHint = resumeCommand(progName()+" train", args)
+	}
 	if code := o.setup(j, stdout, stderr); code != exitOK {
 		return code
 	}
@@ -224,6 +247,14 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	for _, w := range warns {
 		j.log.Warn(w)
 	}
+	for _, s := range rd.Stale {
+		j.log.Warn("took over a stale run directory lock: the process that held it is no longer running", zap.String("lock", s.File),
+			zap.Int("pid", s.Holder.PID), zap.String("host", s.Holder.Host), zap.Time("since", s.Holder.Since))
+	}
+	for _, m := range rd.MovedAside {
+		j.log.Warn("--overwrite: moved the previous run aside", zap.String("from", m.From), zap.String("to", m.To))
+	}
+	j.log.Info("run directory", zap.String("out", cfg.Run.Out), zap.String("run_id", rd.ID))
 	if nodes > 1 {
 		m, err := startMember(cfg.Cluster, cfg.TLS, cluster.RoleCoordinator, newJobID(cfg.Run.Name), mf, j.log)
 		if err != nil {
@@ -342,7 +373,6 @@ type job struct {
 	cfg         configs.Config
 	resume      string
 	rank, world int
-	configName  string
 	comm        collective.Communicator
 	transport   collective.Transport
 	member      *member
@@ -351,6 +381,10 @@ type job struct {
 	line     *progress.Line
 	log      *zap.Logger
 	closeLog func()
+	logErr   func() error // the first failed write to the log file
+	// resumeHint is the command line that resumes this run, printed on an interrupt ("":
+	// another process prints it).
+	resumeHint string
 }
 
 // setup creates the run directory (rank 0), the progress line (rank 0) and the logger.
@@ -387,7 +421,7 @@ func (o *outputFlags) setup(j *job, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "qvd: %v\n", err)
 		return exitFailure
 	}
-	j.log, j.closeLog = lg.log, lg.close
+	j.log, j.closeLog, j.logErr = lg.log, lg.close, lg.err
 	if j.world > 1 {
 		j.log = j.log.With(zap.Int("rank", j.rank))
 	}
@@ -440,8 +474,10 @@ func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
 	case err == nil:
 	case res.Interrupted:
 		j.log.Warn("stopped by signal", zap.String("checkpoint", res.Checkpoint))
-		if j.rank == 0 {
-			fmt.Fprintf(stdout, "interrupted at step %d; resume with: qvd train -c %s --resume auto\n", res.Steps, j.configName)
+		if j.rank == 0 && j.resumeHint != "" {
+			fmt.Fprintf(stdout, "interrupted at step %d; resume with: %s\n", res.Steps, j.resumeHint)
+		} else if j.rank == 0 {
+			fmt.Fprintf(stdout, "interrupted at step %d\n", res.Steps)
 		}
 		return exitInterrupted
 	default:
@@ -449,6 +485,14 @@ func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	if j.rank != 0 {
 		j.log.Info("done", zap.Int64("steps", res.Steps), zap.String("weights_sha256", res.WeightsSHA256))
+		return exitOK
+	}
+	if res.AlreadyFinished {
+		fmt.Fprintf(stdout, "already finished at step %d (the run ends at step %d): nothing to train; %s\n",
+			res.Steps, res.TotalSteps, lastEvaluation(j.cfg.MetricsPath(), res.Steps))
+		if res.Checkpoint != "" {
+			fmt.Fprintf(stdout, "checkpoint: %s\n", res.Checkpoint)
+		}
 		return exitOK
 	}
 	fmt.Fprintf(stdout, "done: %d steps (%.2f epochs), test accuracy %.4f, test loss %.4f\n", res.Steps, res.Epoch, res.TestAccuracy, res.TestLoss)
@@ -460,21 +504,75 @@ func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func orDefault(c string) string {
-	if c == "" {
-		return configs.DefaultName
+// lastEvaluation describes the last evaluation at or before step in the metrics file, for a
+// run that has nothing left to train.
+func lastEvaluation(path string, step int64) string {
+	recs, err := metrics.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("no evaluation to show (%v)", err)
 	}
-	return c
+	for i := len(recs) - 1; i >= 0; i-- {
+		if r := recs[i]; r.Kind == metrics.KindEval && r.Step <= step {
+			return fmt.Sprintf("last evaluation at step %d: test accuracy %.4f, test loss %.4f", r.Step, r.Accuracy, r.Loss)
+		}
+	}
+	return "no evaluation recorded in " + path
+}
+
+// resumeCommand is the command line that resumes a run started as prog with args: the same
+// flags, shell-quoted, with --resume auto in place of any --resume.
+func resumeCommand(prog string, args []string) string {
+	words := []string{prog}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, _, inline := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "resume" {
+			if !inline {
+				i++ // its value
+			}
+			continue
+		}
+		if strings.HasPrefix(a, "-") && name == "overwrite" {
+			continue // a bool flag: it moved the old run aside once, and refuses --resume
+		}
+		words = append(words, shellQuote(a))
+	}
+	return strings.Join(append(words, "--resume", "auto"), " ")
+}
+
+// shellQuote quotes s for a POSIX shell, leaving it bare when it has nothing to quote.
+func shellQuote(s string) string {
+	safe := func(r rune) bool {
+		return r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+	}
+	if s != "" && strings.IndexFunc(s, func(r rune) bool { return !safe(r) }) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// progName is how the user ran qvd, for commands printed back to them.
+func progName() string {
+	if filepath.Base(os.Args[0]) == "qvd" {
+		return os.Args[0]
+	}
+	return "qvd"
 }
 
 // stepSink forwards metrics to the file (rank 0) and the training step to the gossip
 // metadata, so `qvd status` shows how far each member is.
 type stepSink struct {
-	file *metrics.Writer
-	node *cluster.Node
+	file   *metrics.Writer
+	node   *cluster.Node
+	logErr func() error // the log file's first write error (nil: no log file)
 }
 
 func (s stepSink) Write(r metrics.Record) error {
+	if s.logErr != nil {
+		if err := s.logErr(); err != nil {
+			return err
+		}
+	}
 	if s.node != nil && r.Kind == metrics.KindTrain {
 		s.node.SetStep(r.Step)
 		var total int64
@@ -547,12 +645,13 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		case err == nil:
 			from = c
 		case j.resume == "auto" && errors.Is(err, checkpoint.ErrNoCheckpoint):
-			log.Info("no checkpoint to resume from; starting fresh", zap.String("dir", cfg.Checkpoint.Dir))
+			dir, _ := filepath.Abs(cfg.Checkpoint.Dir)
+			log.Warn("--resume auto found no checkpoint in "+dir+": starting fresh", zap.String("dir", dir), zap.Error(err))
 		default:
 			return trainer.Result{}, fmt.Errorf("--resume %s: %w", j.resume, err)
 		}
 	}
-	sink := stepSink{}
+	sink := stepSink{logErr: j.logErr}
 	if j.member != nil {
 		sink.node = j.member.node
 	}
@@ -581,6 +680,14 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, err
 	}
 	defer t.Close()
+	if j.rank == 0 { // trainer.New has checked checkpoint.dir
+		if err := trainer.CheckDir(cfg.Run.Out, (t.TotalSteps()-t.Step())*metricsBytesPerStep); err != nil {
+			return trainer.Result{}, fmt.Errorf("run.out: %w", err)
+		}
+		if err := j.logErr(); err != nil { // the lines logged so far did not reach the file
+			return trainer.Result{}, err
+		}
+	}
 	logMeasure(log, build.Done())
 	restore, err := applyMemoryLimit(cfg.Memory.Limit, t.Memory(), log)
 	if err != nil {
@@ -591,8 +698,29 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		j.member.watchPeers(j.roster, t.Abort)
 	}
 	res, err := t.Run(ctx)
-	log.Info("finished", zap.Duration("elapsed", time.Since(start).Round(time.Millisecond)), zap.Int64("steps", res.Steps),
-		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64s("epoch_seconds", res.EpochSeconds), zap.Int64("skipped_steps", res.Skipped),
+	if sink.file != nil {
+		// Close writes the records still buffered: the last chance to find a full disk.
+		if cerr := sink.file.Close(); cerr != nil && (err == nil || res.Interrupted) {
+			log.Error("writing the metrics failed", zap.String("file", sink.file.Path()), zap.Error(cerr))
+			if err == nil {
+				err = cerr
+			}
+		}
+	}
+	if j.logErr != nil {
+		if lerr := j.logErr(); lerr != nil && !errors.Is(err, lerr) {
+			log.Error("writing the log failed", zap.String("file", cfg.LogPath()), zap.Error(lerr))
+			if err == nil {
+				err = lerr
+			}
+		}
+	}
+	acc := zap.Float64("test_accuracy", res.TestAccuracy)
+	if res.AlreadyFinished {
+		acc = zap.Bool("already_finished", true) // nothing was evaluated
+	}
+	log.Info("finished", zap.Duration("elapsed", time.Since(start).Round(time.Millisecond)), zap.Int64("steps", res.Steps), acc,
+		zap.Float64s("epoch_seconds", res.EpochSeconds), zap.Int64("skipped_steps", res.Skipped),
 		zap.Int64("oom_skipped_micro_batches", res.SkippedMicroBatches), zap.Int("micro_batch", res.MicroBatch), zap.Int("accum", res.Accum))
 	return res, err
 }
@@ -600,6 +728,43 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 type logger struct {
 	log   *zap.Logger
 	close func()
+	err   func() error // the log file's first write error
+}
+
+// metricsBytesPerStep bounds what a step adds to the run directory, for the free-space check
+// at the start: a train record in metrics.jsonl (about 650 bytes with the CPU engine's
+// memory figures), an evaluation's share and train.log's periodic lines.
+const metricsBytesPerStep = 1 << 10
+
+// watchedFile is the log file, keeping its first write error: zap only prints such an
+// error to stderr and carries on, where a run that cannot log must stop.
+type watchedFile struct {
+	f    *os.File
+	path string
+	mu   struct {
+		sync.Mutex
+		err error
+	}
+}
+
+func (w *watchedFile) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	if err != nil {
+		w.mu.Lock()
+		if w.mu.err == nil {
+			w.mu.err = fmt.Errorf("writing log file %s: %w", w.path, err)
+		}
+		w.mu.Unlock()
+	}
+	return n, err
+}
+
+func (w *watchedFile) Sync() error { return w.f.Sync() }
+
+func (w *watchedFile) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.err
 }
 
 // newLogger logs human-readable lines to w and, if path is not empty, JSON lines to path.
@@ -609,22 +774,28 @@ func newLogger(w io.Writer, path string, level zapcore.Level) (logger, error) {
 	console.EncodeCaller = nil
 	cores := []zapcore.Core{zapcore.NewCore(zapcore.NewConsoleEncoder(console), zapcore.AddSync(w), level)}
 	var file *os.File
+	var watched *watchedFile
 	if path != "" {
 		var err error
 		if file, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 			return logger{}, fmt.Errorf("opening log file: %w", err)
 		}
+		watched = &watchedFile{f: file, path: path}
 		jsonCfg := zap.NewProductionEncoderConfig()
 		jsonCfg.EncodeTime = zapcore.ISO8601TimeEncoder
-		cores = append(cores, zapcore.NewCore(zapcore.NewJSONEncoder(jsonCfg), zapcore.AddSync(file), zapcore.DebugLevel))
+		cores = append(cores, zapcore.NewCore(zapcore.NewJSONEncoder(jsonCfg), watched, zapcore.DebugLevel))
 	}
 	log := zap.New(zapcore.NewTee(cores...))
-	return logger{log: log, close: func() {
+	lg := logger{log: log, close: func() {
 		_ = log.Sync()
 		if file != nil {
 			_ = file.Close()
 		}
-	}}, nil
+	}, err: func() error { return nil }}
+	if watched != nil {
+		lg.err = watched.Err
+	}
+	return lg, nil
 }
 
 // joinWithRetry joins through peer, retrying while the peer is not up yet (workers are often
@@ -636,7 +807,7 @@ func joinWithRetry(ctx context.Context, m *member, peer string, patience time.Du
 	wait := 200 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := m.node.Join(ctx, peer)
-		if err == nil || errors.Is(err, cluster.ErrKeyMismatch) || errors.Is(err, cluster.ErrIncompatibleVersion) || errors.Is(err, cluster.ErrTLSMismatch) {
+		if err == nil || !cluster.Retryable(err) {
 			return err
 		}
 		if attempt == 1 {
@@ -644,6 +815,9 @@ func joinWithRetry(ctx context.Context, m *member, peer string, patience time.Du
 		}
 		select {
 		case <-ctx.Done():
+			if cause := context.Cause(ctx); !errors.Is(cause, context.DeadlineExceeded) {
+				return fmt.Errorf("%w while joining through %s", cause, peer) // a signal, not the patience
+			}
 			return fmt.Errorf("no answer from %s within %v: %w", peer, patience, err)
 		case <-time.After(wait):
 		}
