@@ -267,9 +267,11 @@ func TestStatus(t *testing.T) {
 	if f := strings.Fields(lines[1]); f[0] != "a" || f[1] != a.LocalAddr() || f[2] != "alive" || f[3] != RoleCoordinator || f[6] != "job-7" {
 		t.Errorf("row for a: %q", lines[1])
 	}
-	// The observer said goodbye: it is reported Left, not Failed.
-	a.events.find(t, Left, "status-probe", 3*time.Second)
-	if a.events.has(Failed, "status-probe") {
+	// The observer said goodbye: it is reported Left, not Failed. b, which the observer joined
+	// through, is asked: a may hear of the observer only by gossip, and under load the observer
+	// can be gone before that gossip reaches a (then a never sees it at all).
+	b.events.find(t, Left, "status-probe", 3*time.Second)
+	if a.events.has(Failed, "status-probe") || b.events.has(Failed, "status-probe") {
 		t.Error("the observer's departure was reported as a failure")
 	}
 

