@@ -309,11 +309,8 @@ func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
 	for i, mm := range r.Members {
 		ranks[mm.Name] = i
 	}
-	// A member that leaves gracefully has usually just finished the job: its part of the last
-	// collective is already in this rank's socket buffers, and aborting at once would fail a
-	// rank that is a moment behind (seen in the compose test: the coordinator exited 1 after
-	// a job every rank had completed). If it left because it failed, its connections closed
-	// and the collectives name it by themselves; so a departure only aborts after leftGrace.
+	// A graceful departure aborts only after leftGrace (see onDeparture). If the member left
+	// because it failed, its connections closed and the collectives name it by themselves.
 	left := make(chan error, len(r.Members))
 	m.wg.Add(1)
 	go func() {
@@ -330,10 +327,10 @@ func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
 					return
 				}
 				rank, in := ranks[ev.Member.Name]
-				if !in || (ev.Kind != cluster.Failed && ev.Kind != cluster.Left) || rank == r.Rank {
+				switch onDeparture(ev.Kind, in, rank, r.Rank) {
+				case ignoreDeparture:
 					continue
-				}
-				if ev.Kind == cluster.Left {
+				case abortAfterGrace:
 					err := fmt.Errorf("rank %d (%s at %s) left the cluster", rank, ev.Member.Name, ev.Member.Addr)
 					m.log.Info("a member of the job left", zap.Error(err))
 					m.wg.Add(1)
@@ -355,6 +352,32 @@ func (m *member) watchPeers(r *cluster.Roster, lost func(error)) {
 			}
 		}
 	}()
+}
+
+// departure is what a rank does when gossip reports a member of its job gone.
+type departure int
+
+const (
+	ignoreDeparture departure = iota // not a member of this job, this rank itself, or no departure
+	abortAfterGrace                  // it left gracefully: usually it has just finished the job
+	abortNow                         // the failure detector declared it dead (killed, hung, cut off)
+)
+
+// onDeparture decides for an event about a member: inRoster says whether it is in this job, at
+// rank; self is this rank. A graceful departure aborts only after leftGrace because a worker
+// that finished the job leaves while a rank a moment behind is still reading the last
+// collective's data from its sockets: aborting at once failed that rank (the compose test's
+// "coordinator exit 1 after a completed job").
+func onDeparture(kind cluster.EventKind, inRoster bool, rank, self int) departure {
+	switch {
+	case !inRoster || rank == self:
+		return ignoreDeparture
+	case kind == cluster.Left:
+		return abortAfterGrace
+	case kind == cluster.Failed:
+		return abortNow
+	}
+	return ignoreDeparture
 }
 
 // leftGrace is how long a graceful departure waits before it aborts this rank's collectives.
