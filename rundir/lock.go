@@ -67,15 +67,19 @@ func self(now time.Time) Holder {
 
 // Acquire locks dir (which must exist) for this process. A directory held by a live process
 // is an error matching ErrLocked that names the holder. If the lock file records a holder that
-// is gone — a process of this host that no longer runs — the lock is taken over and that
-// holder returned as stale, for the caller to note. A record of a process on another host,
+// is gone — a process of this host, whose flock the kernel has released (or, on a filesystem
+// without flock, whose pid no longer runs) — the lock is taken over and that holder returned
+// as stale, for the caller to note. A record of a process on another host,
 // which cannot be checked from here, is honoured: the error says to remove the lock file if
 // that run has ended.
 func Acquire(dir string) (l *Lock, stale *Holder, err error) {
-	return acquire(dir, self(time.Now()), processAlive)
+	return acquire(dir, self(time.Now()), processAlive, flockNB)
 }
 
-func acquire(dir string, me Holder, alive func(pid int) bool) (*Lock, *Holder, error) {
+// flockNB takes fd's exclusive flock without waiting.
+func flockNB(fd int) error { return syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB) }
+
+func acquire(dir string, me Holder, alive func(pid int) bool, flock func(fd int) error) (*Lock, *Holder, error) {
 	path := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -85,7 +89,8 @@ func acquire(dir string, me Holder, alive func(pid int) bool) (*Lock, *Holder, e
 		f.Close() // drops the flock, if taken
 		return nil, nil, err
 	}
-	flockErr := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	flockErr := flock(int(f.Fd()))
+	flocked := flockErr == nil
 	prev, readErr := readHolder(f)
 	switch {
 	case errors.Is(flockErr, syscall.EWOULDBLOCK):
@@ -102,12 +107,15 @@ func acquire(dir string, me Holder, alive func(pid int) bool) (*Lock, *Holder, e
 	var stale *Holder
 	if prev.PID != 0 {
 		switch {
+		case flocked && prev.Host == me.Host:
+			// This kernel gave us the flock, so no process of this host holds it: whatever
+			// runs under the recorded pid now (pids are reused) is not that run.
 		case prev.Host != me.Host:
 			return fail(&LockedError{Dir: dir, File: path, Holder: prev,
 				Reason: "a process on another host cannot be checked from here; if that run has ended, remove the lock file"})
 		case prev.PID != me.PID && alive(prev.PID):
-			// The flock was free, so this is most likely a reused pid; but the record names a
-			// running process, and a wrong guess would let two runs share the directory.
+			// A filesystem without flock: the record names a running process, and a wrong
+			// guess would let two runs share the directory.
 			return fail(&LockedError{Dir: dir, File: path, Holder: prev,
 				Reason: fmt.Sprintf("pid %d is running; if it is not a qvd run (its pid was reused), remove the lock file", prev.PID)})
 		}

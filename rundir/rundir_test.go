@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,11 +81,21 @@ func TestLockStale(t *testing.T) {
 	}
 	l.Release()
 
-	// A live process (this test's parent) that does not hold the flock: honoured.
+	// A live process of this host (this test's parent: a reused pid) that does not hold the
+	// flock: the kernel says the lock is free, so the record is stale.
 	dir = t.TempDir()
-	writeRecord(t, dir, Holder{PID: os.Getppid(), Host: me.Host, Since: since})
-	if _, _, err := Acquire(dir); !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "is running") {
-		t.Fatalf("Acquire over a running pid = %v, want ErrLocked", err)
+	live := Holder{PID: os.Getppid(), Host: me.Host, Since: since}
+	writeRecord(t, dir, live)
+	if l, stale, err := Acquire(dir); err != nil || stale == nil || *stale != live {
+		t.Fatalf("Acquire over a reused pid whose flock is free = %v, stale %v; want it taken over", err, stale)
+	} else {
+		l.Release()
+	}
+	// On a filesystem without flock the record alone decides: a running pid is honoured.
+	dir = t.TempDir()
+	writeRecord(t, dir, live)
+	if _, _, err := acquireNoFlock(dir, me); !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "is running") {
+		t.Fatalf("Acquire without flock over a running pid = %v, want ErrLocked", err)
 	}
 
 	// Another host: cannot be checked, honoured.
@@ -102,6 +113,11 @@ func TestLockStale(t *testing.T) {
 	} else {
 		l.Release()
 	}
+}
+
+// acquireNoFlock is Acquire on a filesystem without flock (NFS without a lock manager).
+func acquireNoFlock(dir string, me Holder) (*Lock, *Holder, error) {
+	return acquire(dir, me, processAlive, func(int) error { return syscall.ENOLCK })
 }
 
 // fakeRun leaves what a run leaves in dir: a checkpoint of run id and metrics.
