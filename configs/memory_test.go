@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/memory"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestMemorySection(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/zero"

@@ -16,7 +16,7 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/cluster"
