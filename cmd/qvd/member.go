@@ -94,9 +94,9 @@ const (
 type tlsFlags struct{ ca, cert, key string }
 
 func (t *tlsFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&t.ca, "tls-ca", "", "cluster CA certificate (PEM) for mutual TLS between nodes; with --tls-cert and --tls-key (default: the config's tls.ca, else $"+tlsCAEnv+"; make them with `qvd certs`)")
-	fs.StringVar(&t.cert, "tls-cert", "", "this node's certificate (PEM), signed by --tls-ca (default: tls.cert, else $"+tlsCertEnv+")")
-	fs.StringVar(&t.key, "tls-key", "", "this node's private key (PEM) (default: tls.key, else $"+tlsKeyEnv+")")
+	fs.StringVar(&t.ca, "tls-ca", "", "cluster CA certificate (PEM) for mutual TLS between nodes; with --tls-cert and --tls-key (default: $"+tlsCAEnv+", else the config's tls.ca; make them with `qvd certs`)")
+	fs.StringVar(&t.cert, "tls-cert", "", "this node's certificate (PEM), signed by --tls-ca (default: $"+tlsCertEnv+", else tls.cert)")
+	fs.StringVar(&t.key, "tls-key", "", "this node's private key (PEM) (default: $"+tlsKeyEnv+", else tls.key)")
 }
 
 // args returns the flags again, for a child process.
@@ -110,16 +110,23 @@ func (t tlsFlags) args() []string {
 	return a
 }
 
-// resolve picks this node's TLS files: the flags if any is given, else the config's tls
-// section (fromConfig; empty for a worker), else the environment.
+// resolve picks this node's TLS files by qvd's one precedence rule — flags, then the
+// environment, then the config, then none: the flags if any is given, else QVD_TLS_* if any is
+// set, else the config's tls section (fromConfig; empty for a worker). The three files come
+// from one source, never mixed, so a half-set source fails validation instead of borrowing
+// the rest from another.
 func (t tlsFlags) resolve(fromConfig cluster.TLSConfig) cluster.TLSConfig {
-	switch {
-	case t.ca != "" || t.cert != "" || t.key != "":
+	return resolveTLS(t, os.Getenv, fromConfig)
+}
+
+func resolveTLS(t tlsFlags, getenv func(string) string, fromConfig cluster.TLSConfig) cluster.TLSConfig {
+	if t.ca != "" || t.cert != "" || t.key != "" {
 		return cluster.TLSConfig{CA: t.ca, Cert: t.cert, Key: t.key}
-	case fromConfig.Enabled():
-		return fromConfig
 	}
-	return cluster.TLSConfig{CA: os.Getenv(tlsCAEnv), Cert: os.Getenv(tlsCertEnv), Key: os.Getenv(tlsKeyEnv)}
+	if env := (cluster.TLSConfig{CA: getenv(tlsCAEnv), Cert: getenv(tlsCertEnv), Key: getenv(tlsKeyEnv)}); env != (cluster.TLSConfig{}) {
+		return env
+	}
+	return fromConfig
 }
 
 // load resolves and loads this node's TLS identity; nil without TLS.
@@ -147,7 +154,10 @@ type member struct {
 	server *grpc.Server
 	hub    *grpcnet.Hub
 	tcp    *tcpnet.Listener
-	log    *zap.Logger
+	// grpcLis is the gRPC server's listener; it keeps the connections it accepted, so
+	// Close can end those gRPC has not finished with.
+	grpcLis *trackingListener
+	log     *zap.Logger
 
 	wg      sync.WaitGroup
 	stop    chan struct{}
@@ -213,6 +223,9 @@ func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, 
 		return nil, fmt.Errorf("data-plane listener: %w", err)
 	}
 	opts := append(cluster.ServerOptions(key, id, log), grpcnet.ServerOptions()...)
+	// A connection has 10 s, not gRPC's default 120 s, to finish its TLS and HTTP/2
+	// handshakes: strangers that connect and stall hold a goroutine and a socket each.
+	opts = append(opts, grpc.ConnectionTimeout(10*time.Second))
 	m.server = grpc.NewServer(opts...)
 	_, tcpPort, _ := net.SplitHostPort(m.tcp.Addr())
 	meta := cluster.Meta{
@@ -229,10 +242,11 @@ func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, 
 	}
 	m.node.Register(m.server)
 	m.hub = grpcnet.NewHub(m.server, log)
+	m.grpcLis = &trackingListener{Listener: grpcnet.Listener(lis), conns: map[*trackedConn]struct{}{}}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		if err := m.server.Serve(grpcnet.Listener(lis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := m.server.Serve(m.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			log.Error("gRPC server stopped", zap.Error(err))
 		}
 	}()
@@ -294,6 +308,7 @@ func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collec
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s data path: %w", cfg.Transport, err)
 	}
+	t = collective.Count(t) // bytes per collective, for the metrics endpoint
 	ring, err := collective.NewRing(t, cfg)
 	if err != nil {
 		t.Close()
@@ -394,6 +409,10 @@ func (m *member) Close() {
 		select {
 		case <-stopped:
 		case <-time.After(2 * time.Second):
+			// Stop waits for every accepted connection's handler, and one still in its
+			// handshake (a stranger that connected and sent nothing) waits up to gRPC's
+			// 120 s connection timeout: close the raw connections first.
+			m.grpcLis.closeConns()
 			m.server.Stop()
 		}
 		m.tcp.Close()
@@ -410,4 +429,51 @@ func newJobID(name string) string {
 		id = id[len(id)-64:]
 	}
 	return strings.Trim(id, "-")
+}
+
+// trackingListener remembers the connections it accepted until they are closed.
+type trackingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns map[*trackedConn]struct{}
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: c, l: l}
+	l.mu.Lock()
+	l.conns[tc] = struct{}{}
+	l.mu.Unlock()
+	return tc, nil
+}
+
+// closeConns closes every accepted connection still open.
+func (l *trackingListener) closeConns() {
+	l.mu.Lock()
+	conns := make([]*trackedConn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	l    *trackingListener
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
