@@ -19,6 +19,8 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/internal/monitor"
+	"github.com/qvd/qvd/internal/promexport"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
@@ -48,6 +50,14 @@ type Config struct {
 	// Memory is the memory monitor (log_every, min_available), the Go runtime's soft limit
 	// and the reaction to host memory pressure.
 	Memory memory.Config `yaml:"memory" json:"memory"`
+	// Monitoring is the Prometheus endpoint (metrics_addr): rank r serves /metrics on the
+	// address's port + r, or on a free port each with port 0; "" serves none.
+	Monitoring promexport.Config `yaml:"monitoring" json:"monitoring"`
+	// TensorBoard writes TensorBoard event files on rank 0 (on by default, in <run.out>/tb);
+	// CSVMonitor writes one CSV file per scalar as DeepSpeed's csv_monitor does (off by
+	// default, in <run.out>/csv). DeepSpeed's tensorboard and csv_monitor keys set them.
+	TensorBoard monitor.Target `yaml:"tensorboard" json:"tensorboard"`
+	CSVMonitor  monitor.Target `yaml:"csv_monitor" json:"csv_monitor"`
 	// Device selects where the engine runs: cpu (the default), cuda (a qvd built with -tags
 	// cuda) or reference (the engine's plain-Go reference device, for checking).
 	Device engine.Config `yaml:"device" json:"device"`
@@ -87,8 +97,13 @@ func Default() Config {
 		Collective: collective.DefaultConfig(),
 		Zero:       zero.DefaultConfig(),
 		Memory:     memory.DefaultConfig(),
+		Monitoring: promexport.DefaultConfig(),
 		Device:     engine.DefaultConfig(),
 		Engine:     EngineNative,
+
+		// TensorBoard on, CSV off: see monitor.DefaultConfig.
+		TensorBoard: monitor.DefaultConfig().TensorBoard,
+		CSVMonitor:  monitor.DefaultConfig().CSV,
 	}
 }
 
@@ -136,6 +151,7 @@ func (c *Config) Validate() error {
 	add("collective", c.Collective.Validate())
 	add("tls", c.TLS.Validate())
 	add("memory", c.Memory.Validate())
+	add("monitoring", c.Monitoring.Validate())
 	add("device", c.Device.Validate())
 	switch c.Engine {
 	case EngineNative:
@@ -163,6 +179,14 @@ func (c *Config) Resolve() {
 	if c.Checkpoint.Dir == "" {
 		c.Checkpoint.Dir = filepath.Join(c.Run.Out, "checkpoints")
 	}
+	m := c.Monitors()
+	m.Resolve(c.Run.Out)
+	c.TensorBoard, c.CSVMonitor = m.TensorBoard, m.CSV
+}
+
+// Monitors is the TensorBoard and CSV monitors' configuration.
+func (c *Config) Monitors() monitor.Config {
+	return monitor.Config{TensorBoard: c.TensorBoard, CSV: c.CSVMonitor}
 }
 
 // MetricsPath is where the per-step metrics go.

@@ -26,7 +26,9 @@ import (
 	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/blas"
 	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/internal/monitor"
 	"github.com/qvd/qvd/internal/progress"
+	"github.com/qvd/qvd/internal/promexport"
 	"github.com/qvd/qvd/internal/version"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
@@ -55,6 +57,7 @@ type runFlags struct {
 	checkpointEvery         int
 	offload                 string
 	activationCheckpointing int
+	metricsAddr             string
 }
 
 func newRunFlags(name string, stderr io.Writer) *runFlags {
@@ -84,6 +87,7 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
 	fs.IntVar(&f.activationCheckpointing, "activation-checkpointing", 0, "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on HOST:PORT/metrics; rank r of a job uses PORT+r, PORT 0 a free port each (monitoring.metrics_addr)")
 	return f
 }
 
@@ -150,6 +154,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Zero.OffloadOptimizer.Device = f.offload
 		case "activation-checkpointing":
 			cfg.Model.ActivationCheckpointing.Segments = f.activationCheckpointing
+		case "metrics-addr":
+			cfg.Monitoring.MetricsAddr = f.metricsAddr
 		}
 	})
 	if err := ds.CheckBatch(&cfg, world); err != nil {
@@ -211,7 +217,7 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "qvd train: unexpected argument %q (flags only)\n", f.fs.Arg(0))
 		return exitUsage
 	}
-	if code, handled := slurmTrain(ctx, f, &nodes, &mf, o, stdout, stderr); handled {
+	if code, handled := envTrain(ctx, f, &nodes, &mf, o, stdout, stderr); handled {
 		return code
 	}
 	if nodes < 1 || nodes > 65535 {
@@ -289,12 +295,17 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var mf memberFlags
 	mf.register(fs)
 	dataPath := fs.String("data", "", "dataset directory on this machine (overrides the job's data.path)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve this worker's Prometheus metrics on HOST:PORT/metrics, as given (default: the job's monitoring.metrics_addr, port + rank)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: qvd join PEER [--bind ADDR] [--cluster-key-file F] [flags]\n\nPEER is the gossip address of any member (e.g. the coordinator's --bind).")
 		fs.PrintDefaults()
 	}
 	peer, ok := parseOneArg(fs, args)
 	if !ok {
+		return exitUsage
+	}
+	if err := (promexport.Config{MetricsAddr: o.metricsAddr}).Validate(); err != nil {
+		fmt.Fprintf(stderr, "qvd join: --metrics-addr: %v\n", err)
 		return exitUsage
 	}
 	return joinJob(ctx, peer, o, mf, *dataPath, stdout, stderr)
@@ -337,7 +348,7 @@ func joinJob(ctx context.Context, peer string, o outputFlags, mf memberFlags, da
 		fmt.Fprintf(stderr, "qvd join: %v\n", err)
 		return exitUsage
 	}
-	j := &job{cfg: cfg, rank: roster.Rank, world: roster.World}
+	j := &job{cfg: cfg, rank: roster.Rank, world: roster.World, metricsAddr: o.metricsAddr}
 	if code := o.setup(j, stdout, stderr); code != exitOK {
 		return code
 	}
@@ -352,6 +363,9 @@ func joinJob(ctx context.Context, peer string, o outputFlags, mf memberFlags, da
 type outputFlags struct {
 	logLevel string
 	quiet    bool
+	// metricsAddr is a worker's own metrics address (`qvd join --metrics-addr`); the
+	// coordinator's goes into the job's config (monitoring.metrics_addr).
+	metricsAddr string
 }
 
 func (o *outputFlags) register(fs *flag.FlagSet) {
@@ -375,6 +389,8 @@ type job struct {
 	rank, world int
 	comm        collective.Communicator
 	transport   collective.Transport
+	wire        *collective.WireCounts // the transport's byte counters (nil: none)
+	metricsAddr string                 // this worker's own metrics address ("": the job's, see serveMetrics)
 	member      *member
 	roster      *cluster.Roster
 
@@ -447,6 +463,9 @@ func (j *job) attach(ctx context.Context, m *member, r *cluster.Roster, stderr i
 		comm = nc // it closes the ring it was bootstrapped from
 	}
 	j.comm, j.transport = comm, t
+	if c, ok := t.(collective.CountingTransport); ok && j.cfg.Collective.Transport != "nccl" {
+		j.wire = c.WireCounts() // NCCL's traffic bypasses the transport, which only bootstrapped it
+	}
 	j.log.Info("joined the job", zap.String("job", r.Job), zap.Int("world", r.World),
 		zap.String("transport", j.cfg.Collective.Transport))
 	return exitOK
@@ -501,6 +520,9 @@ func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "checkpoint: %s\n", res.Checkpoint)
 	}
 	fmt.Fprintf(stdout, "metrics:    %s  (plot: qvd plot %s)\n", j.cfg.MetricsPath(), j.cfg.Run.Out)
+	if tb := j.cfg.TensorBoard; tb.Enabled {
+		fmt.Fprintf(stdout, "tensorboard: tensorboard --logdir %s\n", tb.Dir)
+	}
 	return exitOK
 }
 
@@ -565,6 +587,9 @@ type stepSink struct {
 	file   *metrics.Writer
 	node   *cluster.Node
 	logErr func() error // the log file's first write error (nil: no log file)
+	prom   *promexport.Exporter
+	// monitors writes the TensorBoard and CSV files (rank 0; nil elsewhere).
+	monitors *monitor.Sink
 }
 
 func (s stepSink) Write(r metrics.Record) error {
@@ -581,8 +606,16 @@ func (s stepSink) Write(r metrics.Record) error {
 		}
 		s.node.SetModelBytes(uint64(total))
 	}
+	if s.prom != nil {
+		_ = s.prom.Write(r) // never fails
+	}
 	if s.file != nil {
-		return s.file.Write(r)
+		if err := s.file.Write(r); err != nil {
+			return err
+		}
+	}
+	if s.monitors != nil {
+		return s.monitors.Write(r)
 	}
 	return nil
 }
@@ -651,7 +684,12 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 			return trainer.Result{}, fmt.Errorf("--resume %s: %w", j.resume, err)
 		}
 	}
-	sink := stepSink{logErr: j.logErr}
+	prom, stopMetrics, err := j.serveMetrics()
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	defer stopMetrics()
+	sink := stepSink{logErr: j.logErr, prom: prom}
 	if j.member != nil {
 		sink.node = j.member.node
 	}
@@ -662,6 +700,12 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		}
 		defer mw.Close()
 		sink.file = mw
+		mon, err := monitor.Open(cfg.Monitors(), monitor.Options{Resume: from != nil})
+		if err != nil {
+			return trainer.Result{}, err
+		}
+		defer mon.Close()
+		sink.monitors = mon
 	}
 	setup := trainer.Setup{
 		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Zero: cfg.Zero, Checkpoint: cfg.Checkpoint,
@@ -702,6 +746,14 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		// Close writes the records still buffered: the last chance to find a full disk.
 		if cerr := sink.file.Close(); cerr != nil && (err == nil || res.Interrupted) {
 			log.Error("writing the metrics failed", zap.String("file", sink.file.Path()), zap.Error(cerr))
+			if err == nil {
+				err = cerr
+			}
+		}
+	}
+	if sink.monitors != nil {
+		if cerr := sink.monitors.Close(); cerr != nil && (err == nil || res.Interrupted) {
+			log.Error("writing the TensorBoard or CSV files failed", zap.Error(cerr))
 			if err == nil {
 				err = cerr
 			}

@@ -35,7 +35,7 @@ func testTuning() tuning {
 }
 
 // leakCheck fails the test if goroutines started during it are still running at the end.
-func leakCheck(t testing.TB) { leakcheck.Check(t, nil) }
+func leakCheck(t testing.TB) { leakcheck.Check(t) }
 
 // node is one process's gRPC server with its Hub.
 type node struct {

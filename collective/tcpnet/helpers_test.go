@@ -30,7 +30,7 @@ func testConfig() Config {
 }
 
 // checkLeaks fails the test if goroutines started during it outlive its cleanup.
-func checkLeaks(t testing.TB) { leakcheck.Check(t, nil) }
+func checkLeaks(t testing.TB) { leakcheck.Check(t) }
 
 // cluster is n ranks of one job, each with its own listener, as n processes would have.
 type cluster struct {
