@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -19,9 +20,7 @@ var dsIgnored = map[string]string{
 	"steps_per_print":               "qvd's progress line and metrics file replace it",
 	"wall_clock_breakdown":          "use the metrics file's samples_per_sec",
 	"dump_state":                    "not applicable",
-	"tensorboard":                   "qvd writes metrics.jsonl instead",
 	"wandb":                         "qvd writes metrics.jsonl instead",
-	"csv_monitor":                   "qvd writes metrics.jsonl instead",
 	"comms_logger":                  "not applicable",
 	"flops_profiler":                "not applicable",
 	"zero_allow_untested_optimizer": "every qvd optimizer works with every stage",
@@ -100,6 +99,8 @@ func ApplyDeepSpeed(c *Config, text []byte) (DeepSpeedResult, error) {
 			err = dsOptimizer(c, raw)
 		case "scheduler":
 			err = dsScheduler(c, raw)
+		case "tensorboard", "csv_monitor":
+			err = dsMonitor(c, raw, key)
 		case "zero_optimization":
 			var warns []string
 			warns, err = dsZero(c, raw)
@@ -109,7 +110,7 @@ func ApplyDeepSpeed(c *Config, text []byte) (DeepSpeedResult, error) {
 				res.Warnings = append(res.Warnings, fmt.Sprintf("deepspeed key %q has no effect in qvd: %s", key, why))
 				continue
 			}
-			err = fmt.Errorf("%s: not supported by qvd (supported: train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping, fp16, bf16, optimizer, scheduler, zero_optimization)", key)
+			err = fmt.Errorf("%s: not supported by qvd (supported: train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping, fp16, bf16, optimizer, scheduler, zero_optimization, tensorboard, csv_monitor)", key)
 		}
 		if err != nil {
 			return res, err
@@ -123,6 +124,52 @@ func ApplyDeepSpeed(c *Config, text []byte) (DeepSpeedResult, error) {
 	}
 	res.TrainBatchSize = total
 	return res, nil
+}
+
+// dsJobName is the job_name of DeepSpeed's TensorBoardConfig and CSVConfig when none is given.
+const dsJobName = "DeepSpeedJobName"
+
+// dsMonitor maps DeepSpeed's tensorboard or csv_monitor section ({enabled, output_path,
+// job_name}) onto the run's monitor of the same kind. As in DeepSpeed, the files go to
+// os.path.join(output_path, job_name) (output_path "" means the working directory), and a
+// section without enabled: true turns the monitor off.
+func dsMonitor(c *Config, raw json.RawMessage, key string) error {
+	obj, err := object(raw, key)
+	if err != nil {
+		return err
+	}
+	on, err := enabled(raw, key, obj)
+	if err != nil {
+		return err
+	}
+	out, job := "", dsJobName
+	for _, k := range sortedKeys(obj) {
+		switch k {
+		case "enabled":
+		case "output_path":
+			err = json.Unmarshal(obj[k], &out)
+		case "job_name":
+			err = json.Unmarshal(obj[k], &job)
+		default:
+			return fmt.Errorf("%s.%s: not supported by qvd (supported: enabled, output_path, job_name)", key, k)
+		}
+		if err != nil {
+			return fmt.Errorf("%s.%s: want a string: %v", key, k, err)
+		}
+	}
+	dst := &c.TensorBoard
+	if key == "csv_monitor" {
+		dst = &c.CSVMonitor
+	}
+	dst.Enabled = on
+	if on {
+		// Python's os.path.join: an absolute job_name replaces output_path.
+		if filepath.IsAbs(job) {
+			out = ""
+		}
+		dst.Dir = filepath.Join(out, job)
+	}
+	return nil
 }
 
 // CheckBatch derives the batch figure DeepSpeed would derive when train_batch_size is given
