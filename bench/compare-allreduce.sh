@@ -8,30 +8,34 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-64MiB}
 rounds=${2:-5}
-[ -x bin/qvd ] || go build -o bin/qvd ./cmd/qvd
+go build -o bin/qvd ./cmd/qvd # always: an older bin/qvd prints another table
 mpicc -O3 -march=native -o bin/mpi_allreduce bench/mpi_allreduce.c -lm
 root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
-# busbw is the last column of both reports' data lines (size … time algbw busbw), and the time
-# the one two before it. Taking the column from the end keeps the two reports comparable though
-# qvd's lines carry a rank prefix and a count column that OpenMPI's do not (an earlier version
-# took qvd's algbw by position: the same figure at 2 ranks, 1.5× too low at 4). Each value is
-# printed as busbw/time(ms), and the time is checked against the busbw it implies.
+# busbw is the last column of OpenMPI's data lines (size … time algbw busbw) and the one before
+# the last of qvd's (… in-place time algbw busbw #wrong: nccl-tests' columns, of which this takes
+# the in-place ones, as mpi_allreduce runs MPI_IN_PLACE); the time is two before busbw. Taking
+# the columns from the end keeps the two reports comparable though qvd's lines carry a rank
+# prefix and more columns than OpenMPI's (an earlier version took qvd's algbw by position: the
+# same figure at 2 ranks, 1.5× too low at 4). Each value is printed as busbw/time(ms), the time
+# is checked against the busbw it implies, and qvd's #wrong must be 0.
+#   busbw REGEX AFTER    AFTER: how many columns follow busbw (0 for OpenMPI, 1 for qvd)
 busbw() {
-  awk -v re="$1" -v n="$np" '$0 ~ re {
-    bus = $NF; alg = $(NF-1); t = $(NF-2) / 1e3
+  awk -v re="$1" -v after="$2" -v n="$np" '$0 ~ re {
+    if (after > 0 && $NF != 0) { print "wrong-result"; exit 1 }
+    bus = $(NF-after); alg = $(NF-after-1); t = $(NF-after-2) / 1e3
     if (alg <= 0 || (bus / alg - 2 * (n - 1) / n) ^ 2 > 1e-4) { print "bad-report"; exit 1 }
     printf "%s/%.1f\n", bus, t }'
 }
 declare -A res
 for np in ${NPROC:-2 4}; do
   for r in $(seq "$rounds"); do
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]')
+    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]' 0)
     res["mpi-tcp,$np"]+="$v "
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]')
+    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]' 0)
     res["mpi-shm,$np"]+="$v "
     for t in grpc tcp; do
-      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters "${ITERS:-10}" 2>/dev/null | busbw '^\[rank 0\] +[0-9]')
+      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters "${ITERS:-10}" 2>/dev/null | busbw '^\[rank 0\] +[0-9]' 1)
       res["qvd-$t,$np"]+="$v "
     done
   done

@@ -30,7 +30,7 @@ func prefetchDataset() *Dataset {
 // TestPrefetchMatchesFill: at every depth the batches are exactly Fill's, in order, across
 // several sequences (epochs) with a new permutation each, and the sequence ends cleanly.
 func TestPrefetchMatchesFill(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	d := prefetchDataset()
 	norm := DefaultConfig().Normalize
 	const m = 7
@@ -82,7 +82,7 @@ func TestPrefetchMatchesFill(t *testing.T) {
 // TestPrefetchErrorInOrder: a Fill error reaches the consumer after every batch before it,
 // and ends the sequence.
 func TestPrefetchErrorInOrder(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	d := prefetchDataset()
 	bad := []int32{1, 2, int32(d.N)} // out of range
 	for _, depth := range []int{0, 3} {
@@ -137,7 +137,7 @@ func identity(n int) []int32 {
 // TestPrefetchStopMidSequence: Start and Close in the middle of a sequence stop the producer
 // (no leak) and drop what it had filled; a later sequence starts at its own first batch.
 func TestPrefetchStopMidSequence(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	d := prefetchDataset()
 	norm := DefaultConfig().Normalize
 	perm := identity(d.N)
@@ -166,7 +166,7 @@ func TestPrefetchStopMidSequence(t *testing.T) {
 // TestPrefetchNextHonoursContext: a consumer waiting for a producer that cannot go on (its
 // Indices blocks) gets ctx's error instead of hanging.
 func TestPrefetchNextHonoursContext(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	d := prefetchDataset()
 	p, err := NewPrefetcher(d, DefaultConfig().Normalize, 2, 1)
 	if err != nil {

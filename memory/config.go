@@ -92,14 +92,22 @@ func (t Threshold) Of(total uint64) uint64 {
 // 512MiB, 1.5GiB, 1073741824.
 type Bytes int64
 
-// binary units first: "GiB" must not be read as a count of "B" after "Gi".
+// byteUnits in match order: binary units before "B", so that "GiB" is not read as a count of
+// "B" after "Gi". The one-letter units are binary, as in nccl-tests (-e 128M) and docker
+// (--memory 512m).
 var byteUnits = []struct {
 	suffix string
 	mul    float64
-}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"kB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+	{"K", 1 << 10}, {"k", 1 << 10}, {"M", 1 << 20}, {"m", 1 << 20}, {"G", 1 << 30}, {"g", 1 << 30}, {"T", 1 << 40}, {"t", 1 << 40},
+}
 
 // ParseBytes parses a size: a plain number of bytes or a number with one of the units
-// KiB, MiB, GiB, TiB (powers of 1024), KB, MB, GB, TB (powers of 1000) or B.
+// KiB, MiB, GiB, TiB (powers of 1024), KB (or kB), MB, GB, TB (powers of 1000), B, or the
+// one-letter K, M, G, T (either case; powers of 1024). It is the one size parser of qvd:
+// configs and command-line flags (qvd bench --sizes, qvd estimate --memory) use it.
 func ParseBytes(s string) (Bytes, error) {
 	t := strings.TrimSpace(s)
 	mul := 1.0
@@ -111,7 +119,7 @@ func ParseBytes(s string) (Bytes, error) {
 	}
 	v, err := strconv.ParseFloat(t, 64)
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v*mul > 1<<62 {
-		return 0, fmt.Errorf("%q is not a size (e.g. 24GiB, 16GB, 512MiB, or bytes)", s)
+		return 0, fmt.Errorf("%q is not a size (e.g. 24GiB, 16GB, 512MiB, 512M, or bytes)", s)
 	}
 	return Bytes(v * mul), nil
 }

@@ -24,7 +24,7 @@ func withPrefetch(tr *Trainer, depth int) *Trainer {
 // so the same losses and the same final weights, bit for bit — across epoch boundaries,
 // with accumulation, and in a data-parallel group where each rank prefetches its share.
 func TestPrefetchBitIdentical(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	r := defaultRun()
 	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
 	r.cfg.MaxSteps = 13 // 5 steps per epoch: two epoch boundaries, and a stop mid-epoch
@@ -82,7 +82,7 @@ func TestPrefetchBitIdentical(t *testing.T) {
 // an uninterrupted run without prefetch, bit for bit; the resumed run starts its prefetch
 // mid-epoch, at the checkpoint's position.
 func TestPrefetchResume(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	r := defaultRun()
 	r.cfg.MicroBatch, r.cfg.Accum = 16, 2
 	const total, stopAfter = 13, 7 // stops mid-epoch 2
@@ -121,7 +121,7 @@ func TestPrefetchResume(t *testing.T) {
 // equals the one without prefetch bit for bit (the same skipped micro-batches, the same
 // halving, the same batches afterwards).
 func TestPrefetchAdapt(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	r := defaultRun()
 	r.opt.Type, r.opt.LR, r.opt.Momentum = "sgd", 0.05, 0.9
 	r.cfg.MicroBatch, r.cfg.Accum, r.cfg.MaxSteps = 16, 1, 12 // 10 steps per epoch
@@ -150,7 +150,7 @@ func TestPrefetchAdapt(t *testing.T) {
 // TestPrefetchFillErrorReachesStep: a fill error on the producer goroutine fails the step
 // that would have used the batch, with the step and micro-batch named, as without prefetch.
 func TestPrefetchFillErrorReachesStep(t *testing.T) {
-	leakcheck.Check(t, nil)
+	leakcheck.Check(t)
 	for _, depth := range []int{0, 2} {
 		r := defaultRun()
 		r.cfg.MaxSteps = 4

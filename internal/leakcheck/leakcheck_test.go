@@ -1,9 +1,12 @@
 package leakcheck
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // fakeT records Errorf instead of failing.
@@ -15,7 +18,9 @@ type fakeT struct {
 
 func (f *fakeT) Helper()                           {}
 func (f *fakeT) Cleanup(fn func())                 { f.cleanups = append(f.cleanups, fn) }
-func (f *fakeT) Errorf(format string, args ...any) { f.failed = format }
+func (f *fakeT) Errorf(format string, args ...any) { f.failed = fmt.Sprintf(format, args...) }
+
+func parked(stop <-chan struct{}) { <-stop }
 
 func TestCheckCatchesALeak(t *testing.T) {
 	defer func(g time.Duration) { grace = g }(grace)
@@ -23,17 +28,30 @@ func TestCheckCatchesALeak(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	f := &fakeT{TB: t}
-	Check(f, nil)
-	go func() { <-stop }() // started after the snapshot and still running at cleanup
+	Check(f)
+	go parked(stop) // started after the snapshot and still running at cleanup
 	f.cleanups[0]()
-	if !strings.Contains(f.failed, "leaked") {
-		t.Fatal("a running goroutine was not reported")
+	if !strings.Contains(f.failed, "leaked") || !strings.Contains(f.failed, "leakcheck.parked") {
+		t.Fatalf("a running goroutine was not reported: %q", f.failed)
+	}
+}
+
+func TestCheckWaitsForGrace(t *testing.T) {
+	f := &fakeT{TB: t}
+	Check(f)
+	stop := make(chan struct{})
+	go parked(stop)
+	// goleak alone gives up after about 0.4 s; this goroutine ends after 1 s.
+	time.AfterFunc(time.Second, func() { close(stop) })
+	f.cleanups[0]()
+	if f.failed != "" {
+		t.Fatalf("a goroutine that ended within the grace period was reported: %s", f.failed)
 	}
 }
 
 func TestCheckPassesAndIgnores(t *testing.T) {
 	f := &fakeT{TB: t}
-	Check(f, nil)
+	Check(f)
 	done := make(chan struct{})
 	go func() { close(done) }()
 	<-done
@@ -44,8 +62,8 @@ func TestCheckPassesAndIgnores(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	g := &fakeT{TB: t}
-	Check(g, func(stack string) bool { return strings.Contains(stack, "TestCheckPassesAndIgnores") })
-	go func() { <-stop }()
+	Check(g, goleak.IgnoreAnyFunction("github.com/qvd/qvd/internal/leakcheck.parked"))
+	go parked(stop)
 	g.cleanups[0]()
 	if g.failed != "" {
 		t.Fatal("an ignored goroutine was reported")
