@@ -35,16 +35,28 @@ const launchedEnv = "QVD_LAUNCHED"
 // the rank, forwards Ctrl-C/SIGTERM to all of them, and exits non-zero with the first failing
 // worker's error. Like torchrun's standalone mode, but rendezvous goes through the same gossip
 // cluster a multi-machine job uses.
+//
+// With --nnodes M > 1 it is one of M launchers, one per machine, as torchrun's static
+// rendezvous (--nnodes, --node-rank, --master-addr, --master-port): launcher R starts its N
+// workers as global ranks R·N … R·N+N-1; node 0's first worker coordinates the M·N processes
+// at MASTER_ADDR:MASTER_PORT and every other worker joins there, binding the address that
+// routes to MASTER_ADDR (or --host) at free ports. Node names launch-<global rank> make the
+// ranks come out in that order. The launchers must share a cluster key (the key env or
+// --cluster-key-file); the train flags count on node 0 only (others take --data alone).
 func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("qvd launch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	nproc := fs.Int("nproc", 2, "number of local workers")
 	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
-	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on")
+	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on (with --nnodes > 1: default the address that routes to --master-addr)")
+	nnodes := fs.Int("nnodes", 1, "number of machines, one launcher each (torchrun's --nnodes)")
+	nodeRank := fs.Int("node-rank", 0, "this launcher's machine in [0, nnodes): its workers are ranks node-rank·nproc and up")
+	masterAddr := fs.String("master-addr", "", "host of node 0, where its first worker coordinates (required with --nnodes > 1)")
+	masterPort := fs.Int("master-port", 0, "the coordinator's gossip port, gRPC on the next (default: 29500 with --nnodes > 1, else a free port)")
 	var tf tlsFlags
 	tf.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd launch --nproc N [--cluster-key-file F] [--tls-ca F --tls-cert F --tls-key F] [train flags: -c CONFIG ...]")
+		fmt.Fprintln(stderr, "Usage: qvd launch --nproc N [--nnodes M --node-rank R --master-addr HOST [--master-port P]] [--cluster-key-file F] [--tls-ca F --tls-cert F --tls-key F] [train flags: -c CONFIG ...]")
 		fs.PrintDefaults()
 	}
 	// launch's own flags come first; everything from the first flag it does not know is
@@ -57,6 +69,12 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "qvd launch: --nproc must be in [1, 256], got %d\n", *nproc)
 		return exitUsage
 	}
+	if msg := checkNodes(*nnodes, *nodeRank, *masterAddr, *masterPort, *keyFile != "" || os.Getenv(clusterKeyEnv) != ""); msg != "" {
+		fmt.Fprintf(stderr, "qvd launch: %s\n", msg)
+		return exitUsage
+	}
+	hostSet := false
+	fs.Visit(func(f *flag.Flag) { hostSet = hostSet || f.Name == "host" })
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd launch: locating the qvd binary: %v\n", err)
@@ -73,12 +91,44 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		env = append(env, clusterKeyEnv+"="+hex.EncodeToString(key))
 	}
 	env = shareCores(env, *nproc)
-	port, err := freePort(*host)
-	if err != nil {
-		fmt.Fprintf(stderr, "qvd launch: %v\n", err)
-		return exitFailure
+	port := *masterPort
+	if port == 0 && *nnodes > 1 {
+		port = defaultSlurmPort // torchrun's default MASTER_PORT
 	}
+	if *nnodes > 1 && !hostSet {
+		ip, err := resolveHost(ctx, *masterAddr)
+		if err == nil {
+			*host, err = routeFrom(ctx, ip, port)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "qvd launch: --master-addr %s: %v (or set --host)\n", *masterAddr, err)
+			return exitUsage
+		}
+	}
+	if port == 0 {
+		if port, err = freePort(*host); err != nil {
+			fmt.Fprintf(stderr, "qvd launch: %v\n", err)
+			return exitFailure
+		}
+	}
+	// coord is where the workers join; coordBind what node 0's first worker binds.
 	coord := net.JoinHostPort(*host, strconv.Itoa(port))
+	coordBind := coord
+	if *nnodes > 1 {
+		coord = net.JoinHostPort(*masterAddr, strconv.Itoa(port))
+		if *nodeRank == 0 {
+			if coordBind, err = coordinatorBind(ctx, *masterAddr, port); err != nil {
+				fmt.Fprintf(stderr, "qvd launch: --master-addr: %v\n", err)
+				return exitUsage
+			}
+		}
+	}
+	world := *nnodes * *nproc
+	width := max(3, len(strconv.Itoa(world-1)))
+	var dataArgs []string // what a worker on another node takes from the train flags
+	if d, ok := flagValue(rest, "data"); ok {
+		dataArgs = []string{"--data", d}
+	}
 	var common []string
 	if *keyFile != "" {
 		common = append(common, "--cluster-key-file", *keyFile)
@@ -90,18 +140,24 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	for i := range workers {
 		// Node names sort in launch order, so rank i is worker i (rendezvous gives the
 		// coordinator rank 0 and orders the rest by name).
-		name := fmt.Sprintf("launch-%03d", i)
+		rank := *nodeRank**nproc + i
+		name := fmt.Sprintf("launch-%0*d", width, rank)
 		var a []string
-		if i == 0 {
+		grpcHost := *host
+		if rank == 0 {
 			a = append([]string{"train"}, rest...)
-			a = append(a, "--nodes", strconv.Itoa(*nproc), "--bind", coord, "--node-name", name)
+			a = append(a, "--nodes", strconv.Itoa(world), "--bind", coordBind, "--node-name", name)
+			grpcHost, _, _ = net.SplitHostPort(coordBind)
 		} else {
 			a = []string{"join", coord, "--bind", net.JoinHostPort(*host, "0"), "--node-name", name}
+			if *nnodes > 1 {
+				a = append(a, dataArgs...)
+			}
 		}
 		// Any free port: gossip port + 1 may be taken on a busy machine.
-		a = append(a, "--grpc-bind", net.JoinHostPort(*host, "0"))
+		a = append(a, "--grpc-bind", net.JoinHostPort(grpcHost, "0"))
 		a = append(a, common...)
-		workers[i] = &launched{rank: i, cmd: exec.Command(exe, a...)}
+		workers[i] = &launched{rank: rank, cmd: exec.Command(exe, a...)}
 		// The worker's index on this machine picks its GPU (device.ordinal -1).
 		workers[i].cmd.Env = append(append([]string(nil), env...), "QVD_LOCAL_RANK="+strconv.Itoa(i), launchedEnv+"=1")
 	}
@@ -114,7 +170,8 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 // splitLaunchArgs separates launch's own flags from the train flags after them.
 func splitLaunchArgs(args []string) (own, rest []string) {
-	takes := map[string]bool{"nproc": true, "cluster-key-file": true, "host": true, "tls-ca": true, "tls-cert": true, "tls-key": true}
+	takes := map[string]bool{"nproc": true, "cluster-key-file": true, "host": true, "tls-ca": true, "tls-cert": true, "tls-key": true,
+		"nnodes": true, "node-rank": true, "master-addr": true, "master-port": true}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		name := strings.TrimLeft(a, "-")
@@ -139,6 +196,43 @@ func splitLaunchArgs(args []string) (own, rest []string) {
 		return own, args[i:]
 	}
 	return own, nil
+}
+
+// checkNodes validates launch's multi-node flags; "" when they are fine.
+func checkNodes(nnodes, nodeRank int, masterAddr string, masterPort int, haveKey bool) string {
+	switch {
+	case nnodes < 1 || nnodes > 256:
+		return fmt.Sprintf("--nnodes must be in [1, 256], got %d", nnodes)
+	case nodeRank < 0 || nodeRank >= nnodes:
+		return fmt.Sprintf("--node-rank must be in [0, %d) (--nnodes), got %d", nnodes, nodeRank)
+	case masterPort < 0 || masterPort > 65534:
+		return fmt.Sprintf("--master-port must be in [1, 65534] (gRPC takes the next port), got %d", masterPort)
+	case nnodes > 1 && masterAddr == "":
+		return "--nnodes > 1 needs --master-addr, the host of node 0"
+	case nnodes > 1 && !haveKey:
+		return "--nnodes > 1 needs one cluster key on every node: set " + clusterKeyEnv + " or --cluster-key-file (make one with `qvd keygen`)"
+	}
+	return ""
+}
+
+// flagValue is the value of the flag name in args ("--name V", "--name=V", one dash or two).
+func flagValue(args []string, name string) (string, bool) {
+	for i, a := range args {
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		n, v, inline := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if n != name {
+			continue
+		}
+		if inline {
+			return v, true
+		}
+		if i+1 < len(args) {
+			return args[i+1], true
+		}
+	}
+	return "", false
 }
 
 type launched struct {
@@ -371,10 +465,40 @@ func blamedRank(errLine string) int {
 // when that worker failed: "not responding" (alive or stopped), "died" (killed by a signal
 // the launcher did not send) or "failed" (exited with an error).
 func failureReport(first *launched, workers []*launched) string {
+	// Follow the blame: a blamed rank that itself failed blaming another was only waiting
+	// for that one too (two survivors can fail in the same instant, the one that blames
+	// the other first). Ranks are global: with --nnodes the blamed rank may be elsewhere.
+	// What the launcher saw itself comes first: a worker stopped when the first failure came,
+	// or one killed by a signal the launcher did not send. Ranks waiting on it can blame each
+	// other (in a ring, each times out on the link it reads), so their errors come last.
 	culprit := first
-	if r := blamedRank(first.err); r >= 0 && r < len(workers) && r != first.rank {
-		culprit = workers[r]
+	for _, w := range workers {
+		if w.atFail == procStopped || w.exit.signal != 0 && !w.killedBy && w.exit.done {
+			return report(first, w)
+		}
 	}
+	seen := map[int]bool{first.rank: true}
+	for {
+		r := blamedRank(culprit.err)
+		if r < 0 || seen[r] {
+			break
+		}
+		next := (*launched)(nil)
+		for _, w := range workers {
+			if w.rank == r {
+				next = w
+			}
+		}
+		if next == nil {
+			break
+		}
+		seen[r], culprit = true, next
+	}
+	return report(first, culprit)
+}
+
+// report is the headline: the culprit and its verdict, and the first failure's last lines.
+func report(first, culprit *launched) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "qvd launch: rank %d %s", culprit.rank, verdict(culprit, culprit == first))
 	lines := func(w *launched) {

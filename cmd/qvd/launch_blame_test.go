@@ -48,6 +48,7 @@ func TestBlamedRank(t *testing.T) {
 // with an error ("failed").
 func TestFailureReport(t *testing.T) {
 	const blame1 = "qvd: training failed: collective all-reduce (tag 3): rank 1 (127.0.0.1:4): collective: peer timed out: no frame for 2s"
+	const blame2 = "qvd: training failed: collective all-reduce (tag 3): rank 2 (127.0.0.1:5): collective: peer timed out: no frame for 2s"
 	exited1 := workerExit{done: true, err: errors.New("exit status 1")}
 	killed := workerExit{done: true, err: errors.New("signal: killed"), signal: syscall.SIGKILL}
 	for _, c := range []struct {
@@ -63,6 +64,7 @@ func TestFailureReport(t *testing.T) {
 		{"hung", 2, blame1, procRunning, killed, true, "qvd launch: rank 1 not responding (alive", "died"},
 		{"killed", 1, "", procExited, killed, false, "qvd launch: rank 1 died (killed by SIGKILL)", "rank 2"},
 		{"killed, a survivor first", 2, blame1, procExited, killed, false, "qvd launch: rank 1 died (killed by SIGKILL); rank 2 was the first to fail", "not responding"},
+		{"stopped, behind a survivor that blamed a survivor", 0, blame2, procStopped, exited1, false, "qvd launch: rank 1 not responding (its process is stopped", "rank 2 not responding"},
 		{"failed on its own", 1, "qvd: training failed: loading data: no such file", procExited, exited1, false, "qvd launch: rank 1 failed (exit status 1)", "rank 2"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -72,6 +74,7 @@ func TestFailureReport(t *testing.T) {
 			}
 			ws[1].atFail, ws[1].exit, ws[1].killedBy = c.state1, c.exit1, c.killedBy1
 			ws[1].last = []string{"rank 1's last words"}
+			ws[2].err = blame1 // rank 2, a survivor, failed waiting for rank 1
 			first := ws[c.first]
 			first.err = c.firstErr
 			first.last = []string{c.firstErr}
@@ -84,6 +87,29 @@ func TestFailureReport(t *testing.T) {
 				t.Errorf("report:\n%s\nwant %q, and not %q", got, c.want, c.not)
 			}
 		})
+	}
+}
+
+// TestFailureReportCycle: two survivors of a ring blame each other (each timed out on the link
+// it reads); the stopped rank the launcher saw is named, not either of them.
+func TestFailureReportCycle(t *testing.T) {
+	blame := func(r int) string {
+		return fmt.Sprintf("qvd: training failed: collective all-reduce (tag 3): rank %d (127.0.0.1:4): collective: peer timed out: no frame for 2s", r)
+	}
+	ws := make([]*launched, 3)
+	for i := range ws {
+		ws[i] = &launched{rank: i, atFail: procRunning, exit: workerExit{done: true, err: errors.New("exit status 1")}}
+	}
+	ws[0].err, ws[2].err = blame(2), blame(0)
+	ws[1].atFail = procStopped
+	got := failureReport(ws[0], ws)
+	if !strings.Contains(got, "qvd launch: rank 1 not responding (its process is stopped") {
+		t.Errorf("report:\n%s\nwant rank 1, stopped", got)
+	}
+	// Without a stopped or killed worker, the cycle ends the search at a rank in it.
+	ws[1].atFail = procRunning
+	if got := failureReport(ws[0], ws); !strings.Contains(got, "qvd launch: rank ") {
+		t.Errorf("report without evidence:\n%s", got)
 	}
 }
 

@@ -22,6 +22,12 @@ const (
 	exitFailure     = 1
 	exitUsage       = 2   // bad flags or configuration
 	exitInterrupted = 130 // stopped after saving a checkpoint (128+SIGINT, as shells report); a SIGTERM makes it 143 (see signalExitCode)
+	// exitPreempted: SIGUSR1 (SLURM's `sbatch --signal=USR1@60` before the time limit or a
+	// preemption) stopped the command after saving a checkpoint: requeue the job and resume
+	// with --resume auto (scripts/slurm/qvd.sbatch does). 128+SIGUSR1, by the rule of 130 and
+	// 143, which also makes it the code srun reports: srun exits with its tasks' highest
+	// code, and a rank that stopped because another rank's signal came first exits 130.
+	exitPreempted = 128 + int(syscall.SIGUSR1)
 )
 
 const usage = `qvd — a distributed deep-learning trainer in one binary
@@ -52,16 +58,16 @@ Run "qvd COMMAND -h" for a command's flags.
 
 func main() { os.Exit(mainWithSignals()) }
 
-// mainWithSignals runs the command line with SIGINT/SIGTERM cancelling the context, so a
-// training job stops at a step boundary and saves a checkpoint. The context's cause is an
+// mainWithSignals runs the command line with SIGINT/SIGTERM/SIGUSR1 cancelling the context, so
+// a training job stops at a step boundary and saves a checkpoint. The context's cause is an
 // interrupted naming the signal, so errors say "interrupted by SIGTERM" rather than "context
 // canceled"; a command it stops exits 128+signal, as a shell reports a process the signal
-// killed (130 for SIGINT, 143 for SIGTERM).
+// killed (130 for SIGINT, 143 for SIGTERM, exitPreempted 138 for SIGUSR1).
 func mainWithSignals() int {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
 	go func() {
 		select {
@@ -87,7 +93,7 @@ func signalName(s syscall.Signal) string {
 	names := map[syscall.Signal]string{
 		syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGABRT: "SIGABRT",
 		syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV", syscall.SIGBUS: "SIGBUS", syscall.SIGPIPE: "SIGPIPE",
-		syscall.SIGTERM: "SIGTERM", syscall.SIGSTOP: "SIGSTOP",
+		syscall.SIGTERM: "SIGTERM", syscall.SIGSTOP: "SIGSTOP", syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2",
 	}
 	if n, ok := names[s]; ok {
 		return n

@@ -32,7 +32,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -289,8 +288,7 @@ func expandHost(out []string, item string) ([]string, error) {
 // other task as a `qvd join` worker and returns that worker's exit code with handled=true.
 // Outside SLURM, or with --nodes given, it changes nothing.
 func slurmTrain(ctx context.Context, f *runFlags, nodes *int, mf *memberFlags, o outputFlags, stdout, stderr io.Writer) (code int, handled bool) {
-	set := map[string]bool{}
-	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := setFlags(f)
 	if set["nodes"] {
 		return exitOK, false
 	}
