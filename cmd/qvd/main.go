@@ -41,7 +41,7 @@ Usage:
   qvd launch --nproc N [train flags]
                                   run an N-process job on this machine
   qvd status PEER                 list a cluster's members
-  qvd bench allreduce --nproc N   measure all-reduce bandwidth (algbw/busbw, as nccl-tests)
+  qvd bench COLLECTIVE --nproc N  measure allreduce|reducescatter|allgather|broadcast (algbw/busbw, #wrong, as nccl-tests)
   qvd gpus [--json] [--require]   list the GPUs NVML sees: memory, utilisation, driver, CUDA
   qvd keygen                      print a new cluster key
   qvd certs --out DIR --hosts H1,H2,...
