@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"github.com/qvd/qvd/internal/memstat"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -473,7 +474,8 @@ func failureReport(first *launched, workers []*launched) string {
 	// other (in a ring, each times out on the link it reads), so their errors come last.
 	culprit := first
 	for _, w := range workers {
-		if w.atFail == procStopped || w.exit.signal != 0 && !w.killedBy && w.exit.done {
+		// (Killed before the first failure: the launcher's own SIGTERMs come after it.)
+		if w.atFail == procStopped || w.atFail == procExited && w.exit.signal != 0 && !w.killedBy {
 			return report(first, w)
 		}
 	}
@@ -553,15 +555,60 @@ func peakRSS(workers []*launched) string {
 	return strings.Join(parts, ", ")
 }
 
-// freePort asks the kernel for a free TCP port on host. Another process could take it before
-// the coordinator binds it; the window is short and a clash fails loudly at bind.
+// freePort finds a port on host that is free for both TCP and UDP (gossip binds both) for
+// the coordinator to bind. It picks at random below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), where no outgoing connection can take it as its local
+// port between this check and the coordinator's bind: a port the kernel hands out from
+// ":0" is in that range, and a busy machine (a test suite's connections) took one that way.
+// Falls back to ":0" where the range cannot be read or nothing below it is free.
 func freePort(host string) (int, error) {
+	if lo := ephemeralStart(); lo > 10000 {
+		for range 64 {
+			p := 10000 + mrand.IntN(lo-10000)
+			if portFree(host, p) {
+				return p, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, fmt.Errorf("finding a free port on %s: %w", host, err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// portFree reports whether host:port can be bound for TCP and UDP now.
+func portFree(host string, port int) bool {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	u, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	u.Close()
+	return true
+}
+
+// ephemeralStart is the first port of the kernel's ephemeral range, or 0 if unknown.
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return lo
 }
 
 // shareCores gives each of n local workers an equal share of the cores, as torchrun sets

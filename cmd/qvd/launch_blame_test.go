@@ -106,6 +106,17 @@ func TestFailureReportCycle(t *testing.T) {
 	if !strings.Contains(got, "qvd launch: rank 1 not responding (its process is stopped") {
 		t.Errorf("report:\n%s\nwant rank 1, stopped", got)
 	}
+	// A worker the launcher's own SIGTERM killed (before its handler was installed) after the
+	// first failure is not "died": the first failure, with an error of its own, is the cause.
+	own := make([]*launched, 2)
+	for i := range own {
+		own[i] = &launched{rank: i, atFail: procRunning, exit: workerExit{done: true, err: errors.New("signal: terminated"), signal: syscall.SIGTERM}}
+	}
+	own[0].err, own[0].atFail = "qvd train: invalid configuration:", procExited
+	own[0].exit = workerExit{done: true, err: errors.New("exit status 2")}
+	if got := failureReport(own[0], own); !strings.Contains(got, "qvd launch: rank 0 failed") {
+		t.Errorf("report with a SIGTERMed bystander:\n%s\nwant rank 0 failed", got)
+	}
 	// Without a stopped or killed worker, the cycle ends the search at a rank in it.
 	ws[1].atFail = procRunning
 	if got := failureReport(ws[0], ws); !strings.Contains(got, "qvd launch: rank ") {
