@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -27,9 +26,12 @@ import (
 	"github.com/qvd/qvd/memory"
 )
 
-const benchUsage = "Usage: qvd bench allreduce|reducescatter|allgather|broadcast --nproc N [--sizes 1MiB,64MiB] [--dtype fp32|fp16|bf16] [--transport grpc|tcp|nccl] [--root R]"
+const benchUsage = "qvd bench: give a collective: allreduce, reducescatter, allgather or broadcast (see qvd bench --help)"
 
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && isHelpArg(args[:1]) { // the flags are every collective's
+		return cmdBenchColl(ctx, benchColls["allreduce"], args[:1], stdout, stderr)
+	}
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, benchUsage)
 		return exitUsage
@@ -82,8 +84,7 @@ type benchFlags struct {
 // nccl-tests does (see benchColl), each result checked element by element.
 func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, stderr io.Writer) int {
 	var f benchFlags
-	fs := flag.NewFlagSet("qvd bench "+coll.name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench " + coll.name)
 	fs.IntVar(&f.nproc, "nproc", 2, "number of processes")
 	fs.StringVar(&f.sizes, "sizes", "1MiB,4MiB,16MiB,64MiB,256MiB", "comma-separated buffer sizes in bytes of the wire type (KiB/MiB/GiB, K/M/G suffixes)")
 	fs.StringVar(&f.dtype, "dtype", "fp32", "element type on the wire: fp32, fp16 or bf16")
@@ -97,8 +98,8 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 	fs.StringVar(&f.join, "join", "", "internal: coordinator address to join")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
 	f.mf.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return code
 	}
 	sizes, err := parseSizes(f.sizes)
 	wire, ferr := half.ParseFormat(f.dtype)

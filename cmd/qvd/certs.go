@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -23,21 +22,18 @@ const certValidity = 365 * 24 * time.Hour
 // ca-key.pem in --out it issues certificates for more hosts from that CA. It never overwrites
 // a file.
 func cmdCerts(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd certs", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("certs")
 	out := fs.String("out", "", "directory for the files (created if missing)")
 	hosts := fs.String("hosts", "", "comma-separated host names or IP addresses, one certificate each (a host may list aliases joined by '+', e.g. node1+10.0.0.5)")
 	validity := fs.Duration("validity", certValidity, "how long the certificates are valid")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd certs --out DIR --hosts h1,h2,...\n\nMakes a cluster CA (ca.pem, ca-key.pem) and, per host, HOST.pem and HOST-key.pem\nfor `--tls-ca DIR/ca.pem --tls-cert DIR/HOST.pem --tls-key DIR/HOST-key.pem`.\nWith ca.pem and ca-key.pem already in DIR, it adds hosts to that CA.")
-		fs.PrintDefaults()
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if fs.NArg() > 0 {
+		return usageError(fs, stderr, "unexpected argument %q", fs.Arg(0))
 	}
-	if *out == "" || *hosts == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return exitUsage
+	if *out == "" || *hosts == "" {
+		return usageError(fs, stderr, "--out DIR and --hosts H1,H2,... are required")
 	}
 	if *validity < time.Hour {
 		fmt.Fprintf(stderr, "qvd certs: --validity must be at least 1h, got %v\n", *validity)

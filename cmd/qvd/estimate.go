@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -27,8 +26,7 @@ const headroom = 0.20
 // offload, in the form of DeepSpeed's estimate_zero2_model_states_mem_needs, and recommends a
 // micro-batch and accumulation for a memory budget.
 func cmdEstimate(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd estimate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("estimate")
 	cfgName := fs.String("c", "", "take the parameter count, precision, optimizer and ZeRO settings from this config (a file or an embedded name)")
 	params := fs.String("params", "", "parameter count Ψ, e.g. 1.3e9 or 350M (instead of -c)")
 	world := fs.Int("world", 1, "ranks (GPUs or processes) N")
@@ -45,13 +43,8 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	effective := fs.Int("effective-batch", 0, "global batch (micro × accum × world) to keep, for --recommend")
 	actBytes := fs.String("activation-bytes", "", "activation memory per sample for --recommend, e.g. 1.5MiB (default: measured on the -c model)")
 	exact := fs.Bool("bytes", false, "print sizes in bytes")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd estimate (--params N | -c CONFIG) [--world N] [--stage S] [--offload none|cpu] [--precision P]\n"+
-			"       qvd estimate -c CONFIG --recommend --memory 24GiB --effective-batch 32 [--world N]")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return code
 	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "qvd estimate: "+format+"\n", a...)

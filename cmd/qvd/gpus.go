@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -26,20 +25,14 @@ type gpusReport struct {
 
 // gpusMain is qvd gpus with the GPU source given (NVML, or go-nvml's mock in tests).
 func gpusMain(open func() memory.DeviceSource, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd gpus", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("gpus")
 	jsonOut := fs.Bool("json", false, "print JSON instead of a table")
 	require := fs.Bool("require", false, "exit 1 when there is no GPU (default: say why and exit 0)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd gpus [--json] [--require]\n\nLists the GPUs NVML sees: memory, utilisation, temperature, power, driver and CUDA versions.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fs.Usage()
-		return exitUsage
+		return usageError(fs, stderr, "unexpected argument %q", fs.Arg(0))
 	}
 	src := open()
 	if c, ok := src.(io.Closer); ok {

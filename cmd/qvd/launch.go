@@ -45,26 +45,21 @@ const launchedEnv = "QVD_LAUNCHED"
 // ranks come out in that order. The launchers must share a cluster key (the key env or
 // --cluster-key-file); the train flags count on node 0 only (others take --data alone).
 func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd launch", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("launch")
 	nproc := fs.Int("nproc", 2, "number of local workers")
 	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
-	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on (with --nnodes > 1: default the address that routes to --master-addr)")
+	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on (default 127.0.0.1; with --nnodes > 1, the address that routes to --master-addr)")
 	nnodes := fs.Int("nnodes", 1, "number of machines, one launcher each (torchrun's --nnodes)")
 	nodeRank := fs.Int("node-rank", 0, "this launcher's machine in [0, nnodes): its workers are ranks node-rank·nproc and up")
 	masterAddr := fs.String("master-addr", "", "host of node 0, where its first worker coordinates (required with --nnodes > 1)")
 	masterPort := fs.Int("master-port", 0, "the coordinator's gossip port, gRPC on the next (default: 29500 with --nnodes > 1, else a free port)")
 	var tf tlsFlags
 	tf.register(fs)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd launch --nproc N [--nnodes M --node-rank R --master-addr HOST [--master-port P]] [--cluster-key-file F] [--tls-ca F --tls-cert F --tls-key F] [train flags: -c CONFIG ...]")
-		fs.PrintDefaults()
-	}
 	// launch's own flags come first; everything from the first flag it does not know is
 	// passed to the coordinator's `qvd train`.
 	own, rest := splitLaunchArgs(args)
-	if err := fs.Parse(own); err != nil {
-		return exitUsage
+	if code, ok := parseFlags(fs, own, stdout, stderr); !ok {
+		return code
 	}
 	if *nproc < 1 || *nproc > 256 {
 		fmt.Fprintf(stderr, "qvd launch: --nproc must be in [1, 256], got %d\n", *nproc)

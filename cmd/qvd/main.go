@@ -12,8 +12,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-
-	"github.com/qvd/qvd/internal/version"
 )
 
 // Exit codes.
@@ -51,9 +49,11 @@ Usage:
                                   and accumulation for --memory and --effective-batch
   qvd plot METRICS [-o PNG]       plot a run's metrics.jsonl (or its run directory) to a PNG
   qvd config [-c CONFIG] [flags]  print the resolved configuration as YAML
+  qvd completion bash|zsh         print a shell completion script
   qvd version                     print the version
+  qvd help [COMMAND]              print this overview, or a command's help
 
-Run "qvd COMMAND -h" for a command's flags.
+Run "qvd help COMMAND" (or "qvd COMMAND --help") for a command's flags and examples.
 `
 
 func main() { os.Exit(mainWithSignals()) }
@@ -117,56 +117,42 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	switch args[0] {
-	case "train":
-		return cmdTrain(ctx, args[1:], stdout, stderr)
-	case "join":
-		return cmdJoin(ctx, args[1:], stdout, stderr)
-	case "launch":
-		return cmdLaunch(ctx, args[1:], stdout, stderr)
-	case "status":
-		return cmdStatus(ctx, args[1:], stdout, stderr)
-	case "bench":
-		return cmdBench(ctx, args[1:], stdout, stderr)
-	case "gpus":
-		return cmdGPUs(args[1:], stdout, stderr)
-	case "keygen":
-		return cmdKeygen(args[1:], stdout, stderr)
-	case "certs":
-		return cmdCerts(args[1:], stdout, stderr)
-	case "plot":
-		return cmdPlot(args[1:], stdout, stderr)
-	case "estimate":
-		return cmdEstimate(args[1:], stdout, stderr)
-	case "config":
-		return cmdConfig(args[1:], stdout, stderr)
-	case "version", "--version", "-version":
-		fmt.Fprintf(stdout, "qvd %s\n", version.Version)
-		return exitOK
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	default:
-		fmt.Fprintf(stderr, "qvd: unknown command %q\n\n%s", args[0], usage)
+	name := args[0]
+	switch name {
+	case "--version", "-version":
+		name = "version"
+	case "-h", "-help", "--help":
+		name = "help"
+	}
+	c, ok := lookupCommand(name)
+	if !ok {
+		fmt.Fprintf(stderr, "qvd: unknown command %q (see qvd help)\n", args[0])
 		return exitUsage
 	}
+	if c.flagless && isHelpArg(args[1:]) {
+		return commandHelp(c, stdout, stderr)
+	}
+	return c.run(ctx, args[1:], stdout, stderr)
 }
 
 // parseOneArg parses a command's flags around its one positional argument (PEER, a path),
-// which may come before or after them; it prints the usage and reports false otherwise.
-func parseOneArg(fs *flag.FlagSet, args []string) (string, bool) {
+// which may come before or after them. It reports false with the exit code when the
+// command should stop: after -h, or a usage error it has printed.
+func parseOneArg(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (string, int, bool) {
 	var arg string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		arg, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return "", false
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return "", code, false
 	}
-	if arg == "" && fs.NArg() == 1 {
+	switch {
+	case arg == "" && fs.NArg() == 1:
 		arg = fs.Arg(0)
-	} else if arg == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return "", false
+	case arg == "" && fs.NArg() == 0:
+		return "", usageError(fs, stderr, "missing argument"), false
+	case fs.NArg() > 0:
+		return "", usageError(fs, stderr, "unexpected argument %q", fs.Arg(0)), false
 	}
-	return arg, true
+	return arg, exitOK, true
 }

@@ -94,7 +94,7 @@ const (
 type tlsFlags struct{ ca, cert, key string }
 
 func (t *tlsFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&t.ca, "tls-ca", "", "cluster CA certificate (PEM) for mutual TLS between nodes; with --tls-cert and --tls-key (default: $"+tlsCAEnv+", else the config's tls.ca; make them with `qvd certs`)")
+	fs.StringVar(&t.ca, "tls-ca", "", "cluster CA certificate (PEM) for mutual TLS between nodes; with --tls-cert and --tls-key (default: $"+tlsCAEnv+", else the config's tls.ca; make them with qvd certs)")
 	fs.StringVar(&t.cert, "tls-cert", "", "this node's certificate (PEM), signed by --tls-ca (default: $"+tlsCertEnv+", else tls.cert)")
 	fs.StringVar(&t.key, "tls-key", "", "this node's private key (PEM) (default: $"+tlsKeyEnv+", else tls.key)")
 }

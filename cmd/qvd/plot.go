@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,18 +11,13 @@ import (
 )
 
 func cmdPlot(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd plot", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("plot")
 	out := fs.String("o", "", "PNG to write (default: curves.png beside the metrics file)")
 	csv := fs.String("csv", "", "also write the metrics as CSV to this file")
 	title := fs.String("title", "", "chart title (default: the run directory's name)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd plot METRICS.jsonl|RUN_DIR [-o curves.png] [--csv metrics.csv] [--title T]")
-		fs.PrintDefaults()
-	}
-	path, ok := parseOneArg(fs, args)
+	path, code, ok := parseOneArg(fs, args, stdout, stderr)
 	if !ok {
-		return exitUsage
+		return code
 	}
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		path = filepath.Join(path, "metrics.jsonl")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -17,20 +16,15 @@ import (
 
 // cmdStatus joins the cluster through PEER as an observer and prints its members.
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("status")
 	keyFile := fs.String("cluster-key-file", "", "file holding the cluster key (default: $"+clusterKeyEnv+")")
 	var tf tlsFlags
 	tf.register(fs)
 	bind := fs.String("bind", "0.0.0.0:0", "gossip address of this observer")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd status PEER [--cluster-key-file F] [--tls-ca F --tls-cert F --tls-key F]")
-		fs.PrintDefaults()
-	}
-	peer, ok := parseOneArg(fs, args)
+	peer, code, ok := parseOneArg(fs, args, stdout, stderr)
 	if !ok {
-		return exitUsage
+		return code
 	}
 	key, err := loadClusterKey(*keyFile)
 	if err != nil {

@@ -61,9 +61,8 @@ type runFlags struct {
 }
 
 func newRunFlags(name string, stderr io.Writer) *runFlags {
-	f := &runFlags{fs: flag.NewFlagSet("qvd "+name, flag.ContinueOnError)}
+	f := &runFlags{fs: newFlagSet(name)}
 	fs := f.fs
-	fs.SetOutput(stderr)
 	fs.StringVar(&f.config, "c", "", "config: a YAML file, or the name of an embedded config ("+fmt.Sprint(configs.Embedded())+"); default "+configs.DefaultName)
 	fs.StringVar(&f.config, "config", "", "same as -c")
 	fs.StringVar(&f.deepspeed, "deepspeed", "", "a DeepSpeed ds_config.json applied over the config")
@@ -178,8 +177,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	f := newRunFlags("config", stderr)
-	if err := f.fs.Parse(args); err != nil {
-		return exitUsage
+	if code, ok := parseFlags(f.fs, args, stdout, stderr); !ok {
+		return code
 	}
 	cfg, warns, err := f.resolve()
 	if err != nil {
@@ -208,10 +207,10 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f.fs.StringVar(&resume, "resume", "", `continue from a checkpoint directory, or "auto" for the newest valid one in checkpoint.dir (none: start fresh)`)
 	var overwrite bool
 	f.fs.BoolVar(&overwrite, "overwrite", false, "start a new run in a run directory that holds another run: its contents move to <out>.old-<time> (nothing is deleted)")
-	f.fs.IntVar(&nodes, "nodes", 1, "number of processes in the job: > 1 makes this the coordinating member, which waits for nodes-1 `qvd join`s")
+	f.fs.IntVar(&nodes, "nodes", 1, "number of processes in the job: > 1 makes this the coordinating member, which waits for nodes-1 workers to run qvd join")
 	mf.register(f.fs)
-	if err := f.fs.Parse(args); err != nil {
-		return exitUsage
+	if code, ok := parseFlags(f.fs, args, stdout, stderr); !ok {
+		return code
 	}
 	if f.fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "qvd train: unexpected argument %q (flags only)\n", f.fs.Arg(0))
@@ -288,21 +287,16 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // cmdJoin starts a worker: it joins the cluster through any member, receives the job's
 // configuration and its rank from the coordinator, and trains.
 func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("qvd join", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("join")
 	var o outputFlags
 	o.register(fs)
 	var mf memberFlags
 	mf.register(fs)
 	dataPath := fs.String("data", "", "dataset directory on this machine (overrides the job's data.path)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve this worker's Prometheus metrics on HOST:PORT/metrics, as given (default: the job's monitoring.metrics_addr, port + rank)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: qvd join PEER [--bind ADDR] [--cluster-key-file F] [flags]\n\nPEER is the gossip address of any member (e.g. the coordinator's --bind).")
-		fs.PrintDefaults()
-	}
-	peer, ok := parseOneArg(fs, args)
+	peer, code, ok := parseOneArg(fs, args, stdout, stderr)
 	if !ok {
-		return exitUsage
+		return code
 	}
 	if err := (promexport.Config{MetricsAddr: o.metricsAddr}).Validate(); err != nil {
 		fmt.Fprintf(stderr, "qvd join: --metrics-addr: %v\n", err)
