@@ -19,6 +19,7 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/internal/dashboard"
 	"github.com/qvd/qvd/internal/monitor"
 	"github.com/qvd/qvd/internal/promexport"
 	"github.com/qvd/qvd/memory"
@@ -53,6 +54,8 @@ type Config struct {
 	// Monitoring is the Prometheus endpoint (metrics_addr): rank r serves /metrics on the
 	// address's port + r, or on a free port each with port 0; "" serves none.
 	Monitoring promexport.Config `yaml:"monitoring" json:"monitoring"`
+	// Dashboard is the live web page rank 0 serves while it trains (addr; "" serves none).
+	Dashboard dashboard.Config `yaml:"dashboard" json:"dashboard"`
 	// TensorBoard writes TensorBoard event files on rank 0 (on by default, in <run.out>/tb);
 	// CSVMonitor writes one CSV file per scalar as DeepSpeed's csv_monitor does (off by
 	// default, in <run.out>/csv). DeepSpeed's tensorboard and csv_monitor keys set them.
@@ -98,6 +101,7 @@ func Default() Config {
 		Zero:       zero.DefaultConfig(),
 		Memory:     memory.DefaultConfig(),
 		Monitoring: promexport.DefaultConfig(),
+		Dashboard:  dashboard.DefaultConfig(),
 		Device:     engine.DefaultConfig(),
 		Engine:     EngineNative,
 
@@ -152,6 +156,7 @@ func (c *Config) Validate() error {
 	add("tls", c.TLS.Validate())
 	add("memory", c.Memory.Validate())
 	add("monitoring", c.Monitoring.Validate())
+	add("dashboard", c.Dashboard.Validate())
 	add("device", c.Device.Validate())
 	switch c.Engine {
 	case EngineNative:

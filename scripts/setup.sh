@@ -26,8 +26,9 @@ if ((cuda)) && ! dpkg-query -W -f='${Status}' nvidia-cuda-dev 2>/dev/null | grep
 fi
 
 pkgs=(libopenblas-dev dataset-fashion-mnist gcc)
-# --cuda (what CI runs) also installs prometheus, for the end-to-end test of --metrics-addr.
-if ((cuda)); then pkgs+=(prometheus); fi
+# --cuda (what CI runs) also installs prometheus, for the end-to-end test of --metrics-addr,
+# and chromium, whose headless mode loads `qvd dashboard`'s page in internal/dashboard's test.
+if ((cuda)); then pkgs+=(prometheus chromium); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

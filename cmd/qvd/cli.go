@@ -80,6 +80,10 @@ func commands() []command {
 			about:    "Plots a run's metrics.jsonl (or its run directory) to a PNG.",
 			examples: []string{"qvd plot runs/mlp", "qvd plot runs/mlp/metrics.jsonl -o curves.png --csv metrics.csv"},
 			run:      noCtx(cmdPlot)},
+		{name: "dashboard", synopsis: "qvd dashboard METRICS.jsonl|RUN_DIR [--addr HOST:PORT]",
+			about:    "Serves a live web page of a run's metrics.jsonl: loss, test accuracy, throughput,\nmemory by category and recent events, updated every second while the run writes it.",
+			examples: []string{"qvd dashboard runs/mlp", "qvd dashboard runs/mlp --addr 0.0.0.0:8080"},
+			run:      cmdDashboard},
 		{name: "config", synopsis: "qvd config [-c CONFIG] [flags]",
 			about:    "Prints the resolved configuration as YAML: defaults, the config, DeepSpeed JSON, flags.",
 			examples: []string{"qvd config -c fashion-mlp --zero-stage 2", "qvd config --deepspeed ds_config.json"},
@@ -212,6 +216,7 @@ func visibleFlags(c command, fs *flag.FlagSet) []*flag.Flag {
 var placeholders = map[string]string{
 	"c": "CONFIG", "config": "CONFIG", "deepspeed": "FILE", "out": "DIR", "data": "DIR",
 	"bind": "HOST:PORT", "grpc-bind": "HOST:PORT", "advertise": "HOST:PORT", "metrics-addr": "HOST:PORT",
+	"addr": "HOST:PORT", "dashboard-addr": "HOST:PORT",
 	"node-name": "NAME", "cluster-key-file": "FILE", "tls-ca": "FILE", "tls-cert": "FILE", "tls-key": "FILE",
 	"resume": "DIR|auto", "host": "HOST", "master-addr": "HOST", "master-port": "PORT", "hosts": "H1,H2,...",
 	"o": "PNG", "csv": "FILE", "title": "TITLE", "cpuprofile": "FILE", "sizes": "SIZES", "memory": "BYTES",

@@ -48,6 +48,8 @@ Usage:
                                   per-rank memory of ZeRO stages 0-2; --recommend a micro-batch
                                   and accumulation for --memory and --effective-batch
   qvd plot METRICS [-o PNG]       plot a run's metrics.jsonl (or its run directory) to a PNG
+  qvd dashboard RUN_DIR [--addr HOST:PORT]
+                                  serve a live web page of a run's curves, memory and events
   qvd config [-c CONFIG] [flags]  print the resolved configuration as YAML
   qvd completion bash|zsh         print a shell completion script
   qvd version                     print the version

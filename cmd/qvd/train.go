@@ -58,6 +58,7 @@ type runFlags struct {
 	offload                 string
 	activationCheckpointing int
 	metricsAddr             string
+	dashboardAddr           string
 }
 
 func newRunFlags(name string, stderr io.Writer) *runFlags {
@@ -87,6 +88,7 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
 	fs.IntVar(&f.activationCheckpointing, "activation-checkpointing", 0, "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on HOST:PORT/metrics; rank r of a job uses PORT+r, PORT 0 a free port each (monitoring.metrics_addr)")
+	fs.StringVar(&f.dashboardAddr, "dashboard-addr", "", "serve the live dashboard (as qvd dashboard does) on HOST:PORT while training, from rank 0; PORT 0 a free port (dashboard.addr)")
 	return f
 }
 
@@ -155,6 +157,8 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 			cfg.Model.ActivationCheckpointing.Segments = f.activationCheckpointing
 		case "metrics-addr":
 			cfg.Monitoring.MetricsAddr = f.metricsAddr
+		case "dashboard-addr":
+			cfg.Dashboard.Addr = f.dashboardAddr
 		}
 	})
 	if err := ds.CheckBatch(&cfg, world); err != nil {
@@ -694,6 +698,13 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		}
 		defer mw.Close()
 		sink.file = mw
+		// The page is the running job's: it stops when the job returns (qvd dashboard RUN_DIR
+		// shows a finished run).
+		stopDashboard, err := j.serveDashboard()
+		if err != nil {
+			return trainer.Result{}, err
+		}
+		defer stopDashboard()
 		mon, err := monitor.Open(cfg.Monitors(), monitor.Options{Resume: from != nil})
 		if err != nil {
 			return trainer.Result{}, err

@@ -1,0 +1,33 @@
+package dashboard
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+)
+
+// Config is the dashboard a training job serves for itself (`qvd train --dashboard-addr`).
+type Config struct {
+	// Addr is the HOST:PORT rank 0 serves the dashboard on while it trains (port 0: a free
+	// one, which the log names); "" serves none. `qvd dashboard RUN_DIR` serves the same
+	// page for any run, finished or not, without this.
+	Addr string `yaml:"addr" json:"addr"`
+}
+
+// DefaultConfig serves no dashboard.
+func DefaultConfig() Config { return Config{} }
+
+// Validate checks that Addr is empty or HOST:PORT with a port in 0-65535.
+func (c Config) Validate() error {
+	if c.Addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		return fmt.Errorf("addr: want HOST:PORT, got %q: %w", c.Addr, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("addr: port must be 0-65535, got %q", port)
+	}
+	return nil
+}

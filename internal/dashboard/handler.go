@@ -1,0 +1,162 @@
+package dashboard
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/qvd/qvd/internal/metrics"
+)
+
+//go:embed index.html
+var indexHTML []byte
+
+const (
+	// readHeaderTimeout bounds how long a client may take to send its request headers, so a
+	// stalled connection cannot hold a handler goroutine.
+	readHeaderTimeout = 5 * time.Second
+	// shutdownGrace is how long Close lets a request in flight finish.
+	shutdownGrace = time.Second
+	// maxRecords caps one response, so the first poll of a long run (a train record is about
+	// 650 bytes of JSON) arrives in pieces the page asks for back to back, not as one huge body.
+	maxRecords = 5000
+)
+
+// Handler serves the page on / and the records on /api/metrics.
+type Handler struct {
+	tail  *Tail
+	title string
+	mux   *http.ServeMux
+}
+
+var _ http.Handler = (*Handler)(nil)
+
+// New returns a Handler for the metrics file at path (it need not exist yet); title names the
+// run on the page.
+func New(path, title string) *Handler {
+	h := &Handler{tail: NewTail(path), title: title, mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /{$}", h.serveIndex)
+	h.mux.HandleFunc("GET /api/metrics", h.serveMetrics)
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+func (h *Handler) serveIndex(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	_, _ = w.Write(indexHTML)
+}
+
+// Response is the body of /api/metrics (see the package doc).
+type Response struct {
+	Title     string           `json:"title"`
+	Records   []metrics.Record `json:"records"`
+	Next      int              `json:"next"`
+	More      bool             `json:"more"` // records beyond next are ready: poll again now
+	Gen       int              `json:"gen"`
+	Reset     bool             `json:"reset"`
+	Malformed int              `json:"malformed"`
+}
+
+func (h *Handler) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	since, err := intParam(q.Get("since"))
+	if err != nil {
+		http.Error(w, "since: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	gen, err := intParam(q.Get("gen"))
+	if err != nil {
+		http.Error(w, "gen: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	s, err := h.tail.Poll(since, maxRecords)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	reset := (q.Has("gen") && gen != s.Gen) || since > s.Total
+	if reset {
+		// The client's view is of a file that has since been replaced: start it over.
+		since = 0
+		if s, err = h.tail.Poll(since, maxRecords); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	next := min(since, s.Total) + len(s.Records)
+	resp := Response{Title: h.title, Records: s.Records, Next: next, More: next < s.Total, Gen: s.Gen, Reset: reset, Malformed: s.Malformed}
+	if resp.Records == nil {
+		resp.Records = []metrics.Record{} // [] rather than null for the page
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := json.NewEncoder(w).Encode(resp); err != nil {
+		return // the client went away
+	}
+}
+
+func intParam(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("want a non-negative integer, got %q", v)
+	}
+	return n, nil
+}
+
+// Server serves a Handler on a TCP address until Close.
+type Server struct {
+	srv  *http.Server
+	ln   net.Listener
+	wg   sync.WaitGroup
+	once sync.Once
+	err  error // Serve's error, other than the one Close causes; read after wg.Wait
+}
+
+// Listen starts serving h on addr (HOST:PORT; port 0 picks a free one: Addr tells which).
+func Listen(addr string, h http.Handler) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serving the dashboard on %s: %w", addr, err)
+	}
+	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}, ln: ln}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.err = err
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the address the server listens on, with the port it got.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the page's address.
+func (s *Server) URL() string { return "http://" + s.Addr() + "/" }
+
+// Close stops the server, letting a request in flight finish for a moment, and waits for its
+// goroutine. Safe to call twice.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		if err := s.srv.Shutdown(ctx); err != nil {
+			_ = s.srv.Close()
+		}
+		s.wg.Wait()
+	})
+	return s.err
+}
