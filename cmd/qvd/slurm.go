@@ -73,6 +73,15 @@ type slurmPlan struct {
 	Devices                 int    // GPUs this task sees (CUDA_VISIBLE_DEVICES, else SLURM_GPUS_ON_NODE)
 }
 
+// envInt reads the launcher's (what's) integer variable name, at least lo.
+func envInt(getenv func(string) string, what, name string, lo int) (int, error) {
+	v, err := strconv.Atoi(strings.TrimSpace(getenv(name)))
+	if err != nil || v < lo {
+		return 0, fmt.Errorf("%s: %s=%q: want an integer ≥ %d", what, name, getenv(name), lo)
+	}
+	return v, nil
+}
+
 // planSlurm maps a task's environment to its role and addresses. hostname is this machine's
 // name, used when SLURMD_NODENAME is unset. ok is false when this is not a multi-task SLURM
 // step (then qvd runs as it would without SLURM).
@@ -83,13 +92,7 @@ func planSlurm(getenv func(string) string, hostname string) (p slurmPlan, ok boo
 	if getenv("SLURM_PROCID") == "" || getenv("SLURM_NTASKS") == "" {
 		return p, false, nil
 	}
-	num := func(name string, lo int) (int, error) {
-		v, err := strconv.Atoi(strings.TrimSpace(getenv(name)))
-		if err != nil || v < lo {
-			return 0, fmt.Errorf("SLURM: %s=%q: want an integer ≥ %d", name, getenv(name), lo)
-		}
-		return v, nil
-	}
+	num := func(name string, lo int) (int, error) { return envInt(getenv, "SLURM", name, lo) }
 	if p.NTasks, err = num("SLURM_NTASKS", 1); err != nil {
 		return p, false, err
 	}

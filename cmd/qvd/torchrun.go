@@ -66,13 +66,7 @@ func planTorchrun(getenv func(string) string) (p torchrunPlan, ok bool, err erro
 	if strings.TrimSpace(getenv("RANK")) == "" || strings.TrimSpace(getenv("WORLD_SIZE")) == "" {
 		return p, false, nil
 	}
-	num := func(name string, lo int) (int, error) {
-		v, err := strconv.Atoi(strings.TrimSpace(getenv(name)))
-		if err != nil || v < lo {
-			return 0, fmt.Errorf("torchrun environment: %s=%q: want an integer ≥ %d", name, getenv(name), lo)
-		}
-		return v, nil
-	}
+	num := func(name string, lo int) (int, error) { return envInt(getenv, "torchrun environment", name, lo) }
 	if p.World, err = num("WORLD_SIZE", 1); err != nil {
 		return p, false, err
 	}

@@ -2,8 +2,8 @@ package dashboard
 
 import (
 	"fmt"
-	"net"
-	"strconv"
+
+	"github.com/qvd/qvd/internal/httpserve"
 )
 
 // Config is the dashboard a training job serves for itself (`qvd train --dashboard-addr`).
@@ -22,12 +22,8 @@ func (c Config) Validate() error {
 	if c.Addr == "" {
 		return nil
 	}
-	_, port, err := net.SplitHostPort(c.Addr)
-	if err != nil {
-		return fmt.Errorf("addr: want HOST:PORT, got %q: %w", c.Addr, err)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		return fmt.Errorf("addr: port must be 0-65535, got %q", port)
+	if _, err := httpserve.CheckAddr(c.Addr); err != nil {
+		return fmt.Errorf("addr: %w", err)
 	}
 	return nil
 }

@@ -1,29 +1,21 @@
 package dashboard
 
 import (
-	"context"
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/qvd/qvd/internal/metrics"
+
+	"github.com/qvd/qvd/internal/httpserve"
 )
 
 //go:embed index.html
 var indexHTML []byte
 
 const (
-	// readHeaderTimeout bounds how long a client may take to send its request headers, so a
-	// stalled connection cannot hold a handler goroutine.
-	readHeaderTimeout = 5 * time.Second
-	// shutdownGrace is how long Close lets a request in flight finish.
-	shutdownGrace = time.Second
 	// maxRecords caps one response, so the first poll of a long run (a train record is about
 	// 650 bytes of JSON) arrives in pieces the page asks for back to back, not as one huge body.
 	maxRecords = 5000
@@ -115,48 +107,11 @@ func intParam(v string) (int, error) {
 	return n, nil
 }
 
-// Server serves a Handler on a TCP address until Close.
-type Server struct {
-	srv  *http.Server
-	ln   net.Listener
-	wg   sync.WaitGroup
-	once sync.Once
-	err  error // Serve's error, other than the one Close causes; read after wg.Wait
-}
-
 // Listen starts serving h on addr (HOST:PORT; port 0 picks a free one: Addr tells which).
-func Listen(addr string, h http.Handler) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
+func Listen(addr string, h http.Handler) (*httpserve.Server, error) {
+	s, err := httpserve.Listen(addr, h)
 	if err != nil {
 		return nil, fmt.Errorf("serving the dashboard on %s: %w", addr, err)
 	}
-	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}, ln: ln}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			s.err = err
-		}
-	}()
 	return s, nil
-}
-
-// Addr is the address the server listens on, with the port it got.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
-
-// URL is the page's address.
-func (s *Server) URL() string { return "http://" + s.Addr() + "/" }
-
-// Close stops the server, letting a request in flight finish for a moment, and waits for its
-// goroutine. Safe to call twice.
-func (s *Server) Close() error {
-	s.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-		defer cancel()
-		if err := s.srv.Shutdown(ctx); err != nil {
-			_ = s.srv.Close()
-		}
-		s.wg.Wait()
-	})
-	return s.err
 }

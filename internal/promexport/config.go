@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/qvd/qvd/internal/httpserve"
 )
 
 // Config is the metrics endpoint. YAML under `monitoring:`.
@@ -22,7 +24,7 @@ func (c Config) Validate() error {
 	if c.MetricsAddr == "" {
 		return nil
 	}
-	if _, err := splitPort(c.MetricsAddr); err != nil {
+	if _, err := httpserve.CheckAddr(c.MetricsAddr); err != nil {
 		return fmt.Errorf("metrics_addr: %w", err)
 	}
 	return nil
@@ -31,24 +33,11 @@ func (c Config) Validate() error {
 // maxPort is the largest TCP port.
 const maxPort = 65535
 
-// splitPort checks addr as HOST:PORT (HOST may be empty: every interface) and returns PORT.
-func splitPort(addr string) (int, error) {
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return 0, fmt.Errorf("must be HOST:PORT (e.g. 127.0.0.1:9400, :9400, or port 0 for a free port), got %q", addr)
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 0 || port > maxPort {
-		return 0, fmt.Errorf("port must be a number in [0, %d], got %q", maxPort, p)
-	}
-	return port, nil
-}
-
 // RankAddr is where rank serves its metrics for a job whose metrics_addr is base: the port
 // plus the rank, or port 0 (a free port) for every rank. It is an error if the rank's port
 // would pass 65535.
 func RankAddr(base string, rank int) (string, error) {
-	port, err := splitPort(base)
+	port, err := httpserve.CheckAddr(base)
 	if err != nil {
 		return "", fmt.Errorf("metrics_addr: %w", err)
 	}
