@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side all-reduce comparison on this machine, in one sitting: OpenMPI's MPI_Allreduce
-# (TCP loopback and shared memory) against `qvd bench allreduce` (gRPC and TCP transports),
-# interleaved so that load changes hit both alike. Prints the median busbw of ROUNDS runs.
-#   apt-get install -y openmpi-bin libopenmpi-dev
+# (TCP loopback and shared memory), PyTorch's gloo (bench/gloo_allreduce.py) and `qvd bench
+# allreduce` (shared-memory, TCP and gRPC data planes), interleaved so that load changes hit all
+# alike. Prints the median busbw of ROUNDS runs. IMPLS picks a subset (default: all of
+# "mpi-tcp mpi-shm gloo qvd-shm qvd-tcp qvd-grpc").
+#   apt-get install -y openmpi-bin libopenmpi-dev python3-torch
 #   bench/compare-allreduce.sh [SIZE] [ROUNDS]      (default 64MiB, 5 rounds; NPROC="2 4", ITERS=10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,16 +29,22 @@ busbw() {
     if (alg <= 0 || (bus / alg - 2 * (n - 1) / n) ^ 2 > 1e-4) { print "bad-report"; exit 1 }
     printf "%s/%.1f\n", bus, t }'
 }
+impls=${IMPLS:-mpi-tcp mpi-shm gloo qvd-shm qvd-tcp qvd-grpc}
+iters=${ITERS:-10}
+# run IMPL NP: one run's busbw/time.
+run() {
+  case $1 in
+  mpi-tcp) mpirun "${root[@]}" --oversubscribe -np "$2" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "$iters" "$size" | busbw '^ +[0-9]' 0 ;;
+  mpi-shm) mpirun "${root[@]}" --oversubscribe -np "$2" --mca btl vader,self bin/mpi_allreduce --iters "$iters" "$size" | busbw '^ +[0-9]' 0 ;;
+  gloo) /usr/bin/python3 bench/gloo_allreduce.py --nproc "$2" --iters "$iters" "$size" | busbw '^ +[0-9]' 0 ;;
+  qvd-*) bin/qvd bench allreduce --nproc "$2" --transport "${1#qvd-}" --sizes "$size" --iters "$iters" 2>/dev/null | busbw '^\[rank 0\] +[0-9]' 1 ;;
+  esac
+}
 declare -A res
 for np in ${NPROC:-2 4}; do
   for r in $(seq "$rounds"); do
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl tcp,self --mca btl_tcp_if_include lo bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]' 0)
-    res["mpi-tcp,$np"]+="$v "
-    v=$(mpirun "${root[@]}" --oversubscribe -np "$np" --mca btl vader,self bin/mpi_allreduce --iters "${ITERS:-10}" "$size" | busbw '^ +[0-9]' 0)
-    res["mpi-shm,$np"]+="$v "
-    for t in grpc tcp; do
-      v=$(bin/qvd bench allreduce --nproc "$np" --transport "$t" --sizes "$size" --iters "${ITERS:-10}" 2>/dev/null | busbw '^\[rank 0\] +[0-9]' 1)
-      res["qvd-$t,$np"]+="$v "
+    for i in $impls; do
+      res["$i,$np"]+="$(np=$np run "$i" "$np") "
     done
   done
 done

@@ -62,6 +62,7 @@ func TestMetaFits(t *testing.T) {
 		Rank:    MaxWorld - 1,
 		Step:    1<<63 - 1,
 		TLS:     strings.Repeat("f", fingerprintLen),
+		Host:    strings.Repeat("0", maxHostLen),
 	}
 	b, err := worst.encode()
 	if err != nil {
@@ -93,6 +94,8 @@ func TestMetaFits(t *testing.T) {
 		{Version: "0.1.0", Role: RoleWorker, GRPC: "a\"b"},
 		{Version: "", Role: RoleWorker},
 		{Version: "0.1.0", Role: RoleWorker, Devices: -1},
+		{Version: "0.1.0", Role: RoleWorker, Host: strings.Repeat("0", maxHostLen+1)},
+		{Version: "0.1.0", Role: RoleWorker, Host: "a\"b"},
 	} {
 		if _, err := bad.encode(); !errors.Is(err, ErrBadMeta) {
 			t.Errorf("%+v: got %v, want ErrBadMeta", bad, err)

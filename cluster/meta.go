@@ -27,8 +27,8 @@ type Meta struct {
 	Version string `json:"v"`           // internal/version.Version; at most 32 bytes
 	Role    string `json:"r"`           // RoleCoordinator, RoleWorker or RoleObserver
 	Job     string `json:"j,omitempty"` // job id ("" until a worker gets a roster); see ValidJob
-	GRPC    string `json:"g,omitempty"` // gRPC address (control plane, gRPC data path); at most 128 bytes
-	Data    string `json:"d,omitempty"` // raw-TCP data-plane address, "" if none; at most 128 bytes
+	GRPC    string `json:"g,omitempty"` // gRPC address (control plane, gRPC data path); at most 112 bytes
+	Data    string `json:"d,omitempty"` // raw-TCP data-plane address, "" if none; at most 112 bytes
 	Devices int    `json:"n,omitempty"` // GPUs (0 on CPU)
 	Memory  uint64 `json:"m,omitempty"` // bytes of memory available for training
 	Gen     uint64 `json:"e"`           // generation: tells a restarted process from its predecessor
@@ -37,16 +37,25 @@ type Meta struct {
 	// ModelBytes is what the member holds for training (parameters, gradients, master
 	// weights, optimizer state, staging buffers), as its engine accounts it.
 	ModelBytes uint64 `json:"b,omitempty"`
+	// RSS is the member's resident set size and Peak its largest Go heap sampled at the end of
+	// a training phase (forward+backward, communication, optimizer), in bytes, as of its
+	// last step: the dashboard's per-rank memory. Gossiped like Step (SetMemory).
+	RSS  uint64 `json:"x,omitempty"`
+	Peak uint64 `json:"p,omitempty"`
 	// TLS is the fingerprint of the node's TLS CA (TLS.Fingerprint), "" without TLS; set by
 	// New from Config.TLS. Members must agree on it (see admit).
 	TLS string `json:"t,omitempty"`
+	// Host is the node's shared-memory domain (HostID): members with the same Host can use a
+	// shared-memory transport between them. "" when unknown (never shared). At most 16 bytes.
+	Host string `json:"h,omitempty"`
 }
 
-// Limits on Meta fields; with JSON's short keys the largest valid Meta is well under 512 bytes.
+// Limits on Meta fields; with JSON's short keys the largest valid Meta is under 512 bytes.
 const (
 	maxVersionLen = 32
 	maxJobLen     = 64
-	maxAddrLen    = 128
+	maxAddrLen    = 112 // 128 until Host was added: the largest Meta must fit 512 bytes
+	maxHostLen    = HostIDLen
 	maxDevices    = 1 << 16
 	// MaxWorld is the largest world size: the data plane's hello carries ranks as uint16.
 	MaxWorld = 1<<16 - 1
@@ -89,6 +98,9 @@ func (m Meta) Validate() error {
 	}
 	if len(m.TLS) > fingerprintLen || !plainText(m.TLS) {
 		return bad("TLS fingerprint %q must be at most %d printable characters", m.TLS, fingerprintLen)
+	}
+	if len(m.Host) > maxHostLen || !plainText(m.Host) {
+		return bad("host id %q must be at most %d printable characters", m.Host, maxHostLen)
 	}
 	if m.Devices < 0 || m.Devices > maxDevices {
 		return bad("devices %d not in [0, %d]", m.Devices, maxDevices)
@@ -188,4 +200,15 @@ func majorMinor(v string) (string, bool) {
 		return "", false
 	}
 	return major + "." + minor, true
+}
+
+// SetMemory records the member's resident set size and its largest phase-end heap, in bytes,
+// for the dashboard; gossiped like the step (at most once per Config.StepInterval), never
+// blocking.
+func (n *Node) SetMemory(rss, peak uint64) {
+	n.setProgress(func(m *Meta) bool {
+		changed := m.RSS != rss || m.Peak != peak
+		m.RSS, m.Peak = rss, peak
+		return changed
+	})
 }

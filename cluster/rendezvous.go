@@ -161,7 +161,7 @@ func (n *Node) pushRoster(ctx context.Context, job string, gen uint64, chosen []
 	}
 	r := &Roster{Job: job, Gen: gen, World: len(chosen), Config: config, Secret: secret, Rank: 0}
 	for _, m := range chosen {
-		r.Members = append(r.Members, RosterMember{Name: m.Name, GRPC: m.Meta.GRPC, Data: m.Meta.Data, Gen: m.Meta.Gen})
+		r.Members = append(r.Members, RosterMember{Name: m.Name, GRPC: m.Meta.GRPC, Data: m.Meta.Data, Gen: m.Meta.Gen, Host: m.Meta.Host})
 	}
 	msg, err := signRoster(n.keys, r)
 	if err != nil {

@@ -32,6 +32,9 @@ type RosterMember struct {
 	GRPC string // gRPC address
 	Data string // raw-TCP data-plane address, "" if none
 	Gen  uint64 // the node's Meta.Gen: a restarted process under the same name refuses the roster
+	// Host is the node's Meta.Host: ranks with the same Host can share memory (see HostID),
+	// which collective.transport auto uses to pick shared memory within a host.
+	Host string `json:"host,omitempty"`
 }
 
 // Clone returns a deep copy.
@@ -95,7 +98,7 @@ func appendLP(b []byte, s []byte) []byte {
 }
 
 func (m *rosterMsg) macInput() []byte {
-	b := []byte("qvd-roster-v1")
+	b := []byte("qvd-roster-v2")
 	b = binary.BigEndian.AppendUint64(b, m.Gen)
 	b = appendLP(b, []byte(m.Job))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(m.Members)))
@@ -104,6 +107,7 @@ func (m *rosterMsg) macInput() []byte {
 		b = appendLP(b, []byte(mm.GRPC))
 		b = appendLP(b, []byte(mm.Data))
 		b = binary.BigEndian.AppendUint64(b, mm.Gen)
+		b = appendLP(b, []byte(mm.Host))
 	}
 	b = appendLP(b, m.Config)
 	return appendLP(b, m.SealedSecret)
@@ -169,6 +173,9 @@ func openRoster(k derivedKeys, m *rosterMsg) (*Roster, error) {
 			return nil, fmt.Errorf("%w: rank %d has an empty or duplicate name %q", ErrBadRoster, i, mm.Name)
 		}
 		seen[mm.Name] = true
+		if len(mm.Host) > maxHostLen {
+			return nil, fmt.Errorf("%w: rank %d has a host id of %d bytes (at most %d)", ErrBadRoster, i, len(mm.Host), maxHostLen)
+		}
 	}
 	block, err := aes.NewCipher(k.rosterSeal)
 	if err != nil {

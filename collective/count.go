@@ -60,8 +60,12 @@ type CountingTransport interface {
 // Count wraps t so that every frame it sends or receives is added to a WireCounts. The
 // wrapper keeps t's DirectReceiver extension when t has one, so the Ring's zero-copy receive
 // path is unchanged. Close closes t.
-func Count(t Transport) CountingTransport {
-	c := &counting{Transport: t, counts: &WireCounts{}}
+func Count(t Transport) CountingTransport { return CountInto(t, &WireCounts{}) }
+
+// CountInto is Count adding to w, so that the transports of a hierarchical communicator
+// (shared memory within the host, TCP across) report one rank's traffic together.
+func CountInto(t Transport, w *WireCounts) CountingTransport {
+	c := &counting{Transport: t, counts: w}
 	if d, ok := t.(DirectReceiver); ok {
 		return &countingDirect{counting: c, direct: d}
 	}

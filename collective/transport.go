@@ -34,3 +34,23 @@ type Transport interface {
 type DirectReceiver interface {
 	RecvInto(ctx context.Context, peer int, buf []byte, dst func(Header) []byte) (Header, []byte, error)
 }
+
+// ApplyReceiver is an optional Transport extension for transports whose frames sit in memory
+// the receiver can read in place (shared memory): RecvApply is RecvInto, except that once a
+// data frame's header is read, apply(h) may return a function that consumes the payload
+// where it lies. The transport then calls it with consecutive parts of the payload — p holds
+// the payload's bytes [off, off+len(p)) — instead of copying the payload anywhere, and returns
+// the frame with a nil payload. Every part but the last is a multiple of ApplyAlign bytes, so
+// a part holds whole elements of any wire type. p is only valid during the call: the
+// function must not keep it, and must return promptly (it runs on the receiving goroutine,
+// and the sender may be waiting for the room). The Ring uses it to reduce (or copy) a piece
+// straight from the transport's memory into the caller's buffer: no intermediate buffer, one
+// pass over the data. If the frame breaks off part-way (an error), some parts may have been
+// applied. apply(h) returning nil means: receive as RecvInto with no destination.
+type ApplyReceiver interface {
+	RecvApply(ctx context.Context, peer int, buf []byte, apply func(Header) func(off int, p []byte)) (Header, []byte, error)
+}
+
+// ApplyAlign is the granularity of ApplyReceiver's parts: a cache line, a multiple of every
+// element size.
+const ApplyAlign = 64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/qvd/qvd/internal/half"
@@ -103,9 +104,11 @@ type Communicator interface {
 
 // Config tunes a communicator. YAML under `collective:`.
 type Config struct {
-	// Transport is "grpc" (streams over the cluster's gRPC connections; the default) or "tcp"
-	// (a raw-TCP data plane authenticated through gRPC) or "nccl" (NCCL between GPUs, its
-	// unique id exchanged over the gRPC communicator; needs device.type cuda).
+	// Transport is the data plane: "auto" (the default: shared memory among the ranks of one
+	// host, TCP between hosts, hierarchical when both; see ChooseTransport), "shm" (shared
+	// memory; every rank on one host), "tcp" (a raw-TCP data plane authenticated through
+	// gRPC), "grpc" (streams over the cluster's gRPC connections) or "nccl" (NCCL between
+	// GPUs, its unique id exchanged over the gRPC communicator; needs device.type cuda).
 	Transport string `yaml:"transport" json:"transport"`
 	// Timeout is how long a call waits for any frame from the peer it is receiving from
 	// before failing with an error naming it; a stalled or partitioned peer is detected this
@@ -115,17 +118,17 @@ type Config struct {
 	ChunkBytes int `yaml:"chunk_bytes" json:"chunk_bytes"`
 }
 
-// DefaultConfig: gRPC, 20 s timeout, 512 KiB pieces (the range 256 KiB–1 MiB measured best
+// DefaultConfig: auto, 20 s timeout, 512 KiB pieces (the range 256 KiB–1 MiB measured best
 // for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md).
 func DefaultConfig() Config {
-	return Config{Transport: "grpc", Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
+	return Config{Transport: "auto", Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
 }
 
 // Validate checks the fields; errors name the field.
 func (c Config) Validate() error {
 	switch {
-	case c.Transport != "grpc" && c.Transport != "tcp" && c.Transport != "nccl" && c.Transport != "inproc":
-		return fmt.Errorf("transport: must be grpc, tcp or nccl (inproc in tests), got %q", c.Transport)
+	case !slices.Contains([]string{"auto", "shm", "tcp", "grpc", "nccl", "inproc"}, c.Transport):
+		return fmt.Errorf("transport: must be auto, shm, tcp, grpc or nccl (inproc in tests), got %q", c.Transport)
 	case c.Timeout < 100*time.Millisecond || c.Timeout > time.Hour:
 		return fmt.Errorf("timeout: must be between 100ms and 1h, got %v", c.Timeout)
 	case c.ChunkBytes < 4<<10 || c.ChunkBytes > 64<<20:

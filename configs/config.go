@@ -150,7 +150,7 @@ func (c *Config) Validate() error {
 	}
 	add("cluster", cc.Validate())
 	if c.Collective.Transport == "inproc" {
-		errs = append(errs, fmt.Errorf("collective.transport: must be grpc or tcp (inproc is for tests), got %q", c.Collective.Transport))
+		errs = append(errs, fmt.Errorf("collective.transport: must be auto, shm, tcp, grpc or nccl (inproc is for tests), got %q", c.Collective.Transport))
 	}
 	add("collective", c.Collective.Validate())
 	add("tls", c.TLS.Validate())

@@ -5,12 +5,16 @@
 #   1. train: a short job runs to completion; every rank must exit 0 with the same final weights
 #      (SHA-256 of the parameters), and the test accuracy must be the single process's with the
 #      same global batch.
+#      Each container has its own IPC namespace, so collective.transport auto must choose TCP.
 #   2. partition: mid-training, one worker is cut off the network (docker network disconnect);
 #      the others must fail within the deadline with an error naming its rank, and the last
 #      checkpoint must be intact: it verifies and a single process resumes from it.
 #
 #   scripts/compose-test.sh            (needs docker, docker-compose and dataset-fashion-mnist)
-# Exits 0 when both pass; prints what it checked. Leaves nothing running.
+#   3. shared IPC: the same job with the workers in the coordinator's IPC namespace; auto must
+#      choose shared memory, and the weights must be bit-identical to scenario 1's (the same
+#      ring, the same reduction order, another data plane).
+# Exits 0 when all pass; prints what it checked. Leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
@@ -72,6 +76,10 @@ hashes=$(grep -o '"weights_sha256": "[0-9a-f]*"' "$work/train.log" | sort | uniq
 [ "$(echo "$hashes" | wc -l)" -eq 1 ] && [ "$(echo "$hashes" | awk '{print $1}')" -eq 4 ] ||
   fail "the ranks ended with different weights: $hashes"
 log "all 4 ranks end with the same weights: $(echo "$hashes" | awk '{print $3}')"
+tcp_hash=$(echo "$hashes" | awk '{print $3}')
+planned=$(grep -o '"data_plane": "[a-z]*"' "$work/train.log" | sort | uniq -c)
+[ "$(echo "$planned" | awk '{print $1, $3}')" = '4 "tcp"' ] || fail "with private IPC namespaces auto should choose tcp on all 4 ranks: $planned"
+log "auto chose TCP between containers: $(grep -E '^coordinator_' "$work/train.log" | grep -o '"why": "[^"]*"' | head -1)"
 acc=$(grep -o 'test accuracy [0-9.]*' "$work/train.log" | awk '{print $3}' | tail -1)
 single=$(bin/qvd train --data "$data" --out "$work/single" --micro-batch 64 "${job[@]}" 2>/dev/null | grep -o 'test accuracy [0-9.]*' | awk '{print $3}')
 [ -n "$acc" ] && [ -n "$single" ] || fail "no accuracy (cluster '$acc', single '$single')"
@@ -116,4 +124,25 @@ if ! out=$(bin/qvd train --data "$data" --out "$work/resumed" --resume "$ckdir/$
   fail "the last checkpoint ($last) does not resume"
 fi
 log "the last checkpoint, $last, verifies and one process resumed from it to step $((step + 5))"
+
+# --- 3. shared IPC namespace: shared memory --------------------------------------------------
+log "scenario 3: the workers share the coordinator's IPC namespace"
+compose down -v >/dev/null 2>&1 || true
+export QVD_RUN=shm QVD_ARGS="${job[*]}" QVD_IPC=shareable QVD_WORKER_IPC=service:coordinator
+compose up -d --no-build >/dev/null 2>&1
+codes=$(wait_exit 240 "${services[@]}")
+compose logs --no-color > "$work/shm.log" 2>&1
+log "finished: $(echo "$codes" | tr '\n' ' ')"
+if echo "$codes" | awk '$2 != 0 {bad = 1} END {exit !bad}'; then
+  tail -40 "$work/shm.log" >&2
+  fail "a node did not exit 0 over shared memory"
+fi
+planned=$(grep -o '"data_plane": "[a-z]*"' "$work/shm.log" | sort | uniq -c)
+[ "$(echo "$planned" | awk '{print $1, $3}')" = '4 "shm"' ] || fail "with a shared IPC namespace auto should choose shm on all 4 ranks: $planned"
+hashes=$(grep -o '"weights_sha256": "[0-9a-f]*"' "$work/shm.log" | sort | uniq -c)
+[ "$(echo "$hashes" | wc -l)" -eq 1 ] && [ "$(echo "$hashes" | awk '{print $1}')" -eq 4 ] && [ "$(echo "$hashes" | awk '{print $3}')" = "$tcp_hash" ] ||
+  fail "over shared memory the weights differ from scenario 1's ($tcp_hash): $hashes"
+log "auto chose shared memory; all 4 ranks end with scenario 1's weights, bit for bit"
+compose down -v >/dev/null 2>&1 || true
+unset QVD_IPC QVD_WORKER_IPC
 log "PASS"

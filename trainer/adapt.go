@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/internal/metrics"
 )
 
 // adaptState is the trainer's reaction to memory trouble: micro-batches skipped on an
@@ -118,5 +119,12 @@ func (t *Trainer) halveMicroBatch() error {
 	t.log.Warn("memory: halved the micro-batch and doubled accumulation; the global batch is unchanged",
 		zap.Int64("after_step", t.step), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
 		zap.Int("global_batch", t.global), zap.String("why", why))
+	if t.metrics != nil && t.sinkErr == nil { // an event on the dashboard
+		ev := metrics.Record{Kind: metrics.KindEvent, Time: float64(t.clock.Now().UnixNano()) / 1e9, Step: t.step, Epoch: t.fracEpoch(),
+			Event: metrics.EventMicroBatchHalved, Detail: fmt.Sprintf("micro-batch %d, accumulation %d (%s)", t.cfg.MicroBatch, t.cfg.Accum, why)}
+		if err := t.metrics.Write(ev); err != nil {
+			t.sinkFailed(err)
+		}
+	}
 	return nil
 }

@@ -108,6 +108,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if t.scaler != nil {
 		rec.Scale = scale
 	}
+	rec.OOMSkipped = t.cfg.Accum*t.world - int(sc[1]) // sc[1]: the micro-batches that ran, all ranks
 	switch {
 	case sc[1] == 0:
 		// Every micro-batch of every rank ran out of memory: there is no gradient to apply.

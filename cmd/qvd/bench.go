@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,7 +74,7 @@ type benchFlags struct {
 	root          int
 	iters, warmup int
 	chunk         int
-	host          string
+	nodes         nodeFlags // the launcher's; a worker binds nodes.host
 	serve         bool   // internal: run as one of the benchmark's workers
 	join          string // internal: the coordinator's gossip address (workers other than rank 0)
 	mf            memberFlags
@@ -88,12 +89,12 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 	fs.IntVar(&f.nproc, "nproc", 2, "number of processes")
 	fs.StringVar(&f.sizes, "sizes", "1MiB,4MiB,16MiB,64MiB,256MiB", "comma-separated buffer sizes in bytes of the wire type (KiB/MiB/GiB, K/M/G suffixes)")
 	fs.StringVar(&f.dtype, "dtype", "fp32", "element type on the wire: fp32, fp16 or bf16")
-	fs.StringVar(&f.transport, "transport", "grpc", "data path: grpc, tcp, or nccl (a qvd built with -tags cuda)")
+	fs.StringVar(&f.transport, "transport", "auto", "data path: auto (shared memory within a host, TCP across), shm, tcp, grpc, or nccl (a qvd built with -tags cuda)")
 	fs.IntVar(&f.root, "root", 0, "broadcast's root rank")
 	fs.IntVar(&f.iters, "iters", 20, "timed iterations per size")
 	fs.IntVar(&f.warmup, "warmup", 3, "untimed iterations per size")
 	fs.IntVar(&f.chunk, "chunk-bytes", collective.DefaultConfig().ChunkBytes, "pipelining piece size")
-	fs.StringVar(&f.host, "host", "127.0.0.1", "address the processes bind")
+	f.nodes.register(fs)
 	fs.BoolVar(&f.serve, "serve", false, "internal: run as a benchmark worker")
 	fs.StringVar(&f.join, "join", "", "internal: coordinator address to join")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
@@ -113,14 +114,19 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 	case f.nproc < 1 || f.nproc > 64:
 		fmt.Fprintf(stderr, "qvd bench: --nproc must be in [1, 64], got %d\n", f.nproc)
 		return exitUsage
-	case f.transport != "grpc" && f.transport != "tcp" && f.transport != "nccl":
-		fmt.Fprintf(stderr, "qvd bench: --transport must be grpc, tcp or nccl, got %q\n", f.transport)
+	case !slices.Contains([]string{"auto", "shm", "tcp", "grpc", "nccl"}, f.transport):
+		fmt.Fprintf(stderr, "qvd bench: --transport must be auto, shm, tcp, grpc or nccl, got %q\n", f.transport)
 		return exitUsage
-	case f.root < 0 || f.root >= f.nproc:
-		fmt.Fprintf(stderr, "qvd bench: --root must be in [0, %d), got %d\n", f.nproc, f.root)
+	case f.root < 0 || f.root >= f.nproc*f.nodes.nnodes:
+		fmt.Fprintf(stderr, "qvd bench: --root must be in [0, %d), got %d\n", f.nproc*f.nodes.nnodes, f.root)
 		return exitUsage
 	case f.iters < 1 || f.warmup < 0:
 		fmt.Fprintln(stderr, "qvd bench: --iters must be >= 1 and --warmup >= 0")
+		return exitUsage
+	}
+	if msg := checkNodes(f.nodes.nnodes, f.nodes.nodeRank, f.nodes.masterAddr, f.nodes.masterPort,
+		f.serve || f.mf.keyFile != "" || os.Getenv(clusterKeyEnv) != ""); msg != "" {
+		fmt.Fprintf(stderr, "qvd bench: %s\n", msg)
 		return exitUsage
 	}
 	if f.serve {
@@ -144,15 +150,14 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 		env = append(env, clusterKeyEnv+"="+hex.EncodeToString(key))
 	}
 	env = shareCores(env, f.nproc)
-	port, err := freePort(f.host)
-	if err != nil {
-		fmt.Fprintf(stderr, "qvd bench: %v\n", err)
-		return exitFailure
+	coord, coordBind, code := f.nodes.place(ctx, fs, "qvd bench", stderr)
+	if code != exitOK {
+		return code
 	}
-	coord := net.JoinHostPort(f.host, strconv.Itoa(port))
-	common := []string{"bench", coll.name, "--serve", "--nproc", strconv.Itoa(f.nproc), "--sizes", f.sizes, "--dtype", f.dtype,
+	world := f.nproc * f.nodes.nnodes
+	common := []string{"bench", coll.name, "--serve", "--nproc", strconv.Itoa(world), "--sizes", f.sizes, "--dtype", f.dtype,
 		"--transport", f.transport, "--root", strconv.Itoa(f.root), "--iters", strconv.Itoa(f.iters), "--warmup", strconv.Itoa(f.warmup),
-		"--chunk-bytes", strconv.Itoa(f.chunk), "--host", f.host}
+		"--chunk-bytes", strconv.Itoa(f.chunk), "--host", f.nodes.host}
 	if f.cpuprofile != "" {
 		common = append(common, "--cpuprofile", f.cpuprofile)
 	}
@@ -162,14 +167,18 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 	common = append(common, f.mf.tls.args()...)
 	workers := make([]*launched, f.nproc)
 	for i := range workers {
+		// Names sort in rank order (rendezvous orders the workers by name), so node R's
+		// workers are ranks R·nproc and up, as qvd launch places them.
+		rank := f.nodes.nodeRank*f.nproc + i
 		a := append([]string(nil), common...)
-		a = append(a, "--node-name", fmt.Sprintf("bench-%03d", i), "--grpc-bind", net.JoinHostPort(f.host, "0"))
-		if i == 0 {
-			a = append(a, "--bind", coord)
+		a = append(a, "--node-name", fmt.Sprintf("bench-%03d", rank))
+		if rank == 0 {
+			h, _, _ := net.SplitHostPort(coordBind)
+			a = append(a, "--bind", coordBind, "--grpc-bind", net.JoinHostPort(h, "0"))
 		} else {
-			a = append(a, "--bind", net.JoinHostPort(f.host, "0"), "--join", coord)
+			a = append(a, "--bind", net.JoinHostPort(f.nodes.host, "0"), "--grpc-bind", net.JoinHostPort(f.nodes.host, "0"), "--join", coord)
 		}
-		workers[i] = &launched{rank: i, cmd: exec.Command(exe, a...)}
+		workers[i] = &launched{rank: rank, cmd: exec.Command(exe, a...)}
 		workers[i].cmd.Env = env
 	}
 	return runWorkers(ctx, workers, stdout, stderr)
@@ -212,24 +221,27 @@ func benchWorker(ctx context.Context, f benchFlags, spec benchSpec, sizes []int6
 	if f.transport == "nccl" {
 		ccfg.Transport = "grpc" // NCCL's unique id is exchanged over the gRPC ring
 	}
-	comm, t, err := m.communicator(ctx, roster, ccfg)
+	d, err := m.communicator(ctx, roster, ccfg)
 	if err == nil && f.transport == "nccl" {
 		var nc collective.Communicator
-		if nc, err = ncclOver(ctx, comm, roster.Rank, engine.DefaultConfig()); err != nil {
-			comm.Close()
-			t.Close()
+		if nc, err = ncclOver(ctx, d.comm, roster.Rank, engine.DefaultConfig()); err != nil {
+			d.Close()
 		}
-		comm = nc
+		d.comm = nc
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd bench: %v\n", err)
 		return exitFailure
 	}
-	defer t.Close()
-	defer comm.Close()
+	defer d.Close()
+	comm := d.comm
 	if comm.Rank() == 0 {
-		fmt.Fprintf(stdout, "# qvd %s: %d ranks, %s on the wire, %s transport, %d iterations (+%d warm-up), pieces of %d bytes\n",
-			spec.coll.title, comm.Size(), spec.wire, f.transport, f.iters, f.warmup, f.chunk)
+		plan := string(d.plan)
+		if f.transport == "nccl" {
+			plan = "nccl"
+		}
+		fmt.Fprintf(stdout, "# qvd %s: %d ranks, %s on the wire, %s transport (%s), %d iterations (+%d warm-up), pieces of %d bytes\n",
+			spec.coll.title, comm.Size(), spec.wire, plan, f.transport, f.iters, f.warmup, f.chunk)
 	}
 	wrong, err := runBench(ctx, comm, spec, sizes, stdout)
 	if err != nil {

@@ -80,10 +80,15 @@ func commands() []command {
 			about:    "Plots a run's metrics.jsonl (or its run directory) to a PNG.",
 			examples: []string{"qvd plot runs/mlp", "qvd plot runs/mlp/metrics.jsonl -o curves.png --csv metrics.csv"},
 			run:      noCtx(cmdPlot)},
-		{name: "dashboard", synopsis: "qvd dashboard METRICS.jsonl|RUN_DIR [--addr HOST:PORT]",
-			about:    "Serves a live web page of a run's metrics.jsonl: loss, test accuracy, throughput,\nmemory by category and recent events, updated every second while the run writes it.",
-			examples: []string{"qvd dashboard runs/mlp", "qvd dashboard runs/mlp --addr 0.0.0.0:8080"},
-			run:      cmdDashboard},
+		{name: "dashboard", synopsis: "qvd dashboard METRICS.jsonl|RUN_DIR|PEER [--addr HOST:PORT] [--peer PEER]",
+			about: "Serves a live web page of a run's metrics.jsonl: loss, test accuracy, throughput, memory\n" +
+				"by category with the phase peaks, memory per rank, the cluster's members and recent events\n" +
+				"(re-forms, lost members, stops, skipped and OOM-skipped steps), updated every second. With\n" +
+				"PEER (a member's gossip address) it joins the cluster as an observer, as qvd status does,\n" +
+				"and shows the members' rank, step, generation, health and memory live.",
+			examples: []string{"qvd dashboard runs/mlp", "qvd dashboard 10.0.0.1:7946 --addr 0.0.0.0:8080",
+				"qvd dashboard runs/mlp --peer 10.0.0.1:7946"},
+			run: cmdDashboard},
 		{name: "config", synopsis: "qvd config [-c CONFIG] [flags]",
 			about:    "Prints the resolved configuration as YAML: defaults, the config, DeepSpeed JSON, flags.",
 			examples: []string{"qvd config -c fashion-mlp --zero-stage 2", "qvd config --deepspeed ds_config.json"},
@@ -216,12 +221,12 @@ func visibleFlags(c command, fs *flag.FlagSet) []*flag.Flag {
 var placeholders = map[string]string{
 	"c": "CONFIG", "config": "CONFIG", "deepspeed": "FILE", "out": "DIR", "data": "DIR",
 	"bind": "HOST:PORT", "grpc-bind": "HOST:PORT", "advertise": "HOST:PORT", "metrics-addr": "HOST:PORT",
-	"addr": "HOST:PORT", "dashboard-addr": "HOST:PORT",
+	"addr": "HOST:PORT", "dashboard-addr": "HOST:PORT", "peer": "HOST:PORT",
 	"node-name": "NAME", "cluster-key-file": "FILE", "tls-ca": "FILE", "tls-cert": "FILE", "tls-key": "FILE",
 	"resume": "DIR|auto", "host": "HOST", "master-addr": "HOST", "master-port": "PORT", "hosts": "H1,H2,...",
 	"o": "PNG", "csv": "FILE", "title": "TITLE", "cpuprofile": "FILE", "sizes": "SIZES", "memory": "BYTES",
 	"activation-bytes": "BYTES", "params": "N", "log-level": "LEVEL", "precision": "fp32|fp16|bf16",
-	"dtype": "fp32|fp16|bf16", "transport": "grpc|tcp|nccl", "device": "DEVICE", "engine": "ENGINE",
+	"dtype": "fp32|fp16|bf16", "transport": "auto|shm|tcp|grpc|nccl", "device": "DEVICE", "engine": "ENGINE",
 	"offload": "none|cpu", "optimizer": "NAME",
 }
 

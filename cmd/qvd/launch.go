@@ -48,11 +48,8 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := newFlagSet("launch")
 	nproc := fs.Int("nproc", 2, "number of local workers")
 	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
-	host := fs.String("host", "127.0.0.1", "address the workers bind and talk on (default 127.0.0.1; with --nnodes > 1, the address that routes to --master-addr)")
-	nnodes := fs.Int("nnodes", 1, "number of machines, one launcher each (torchrun's --nnodes)")
-	nodeRank := fs.Int("node-rank", 0, "this launcher's machine in [0, nnodes): its workers are ranks node-rank·nproc and up")
-	masterAddr := fs.String("master-addr", "", "host of node 0, where its first worker coordinates (required with --nnodes > 1)")
-	masterPort := fs.Int("master-port", 0, "the coordinator's gossip port, gRPC on the next (default: 29500 with --nnodes > 1, else a free port)")
+	var nf nodeFlags
+	nf.register(fs)
 	var tf tlsFlags
 	tf.register(fs)
 	// launch's own flags come first; everything from the first flag it does not know is
@@ -65,12 +62,10 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "qvd launch: --nproc must be in [1, 256], got %d\n", *nproc)
 		return exitUsage
 	}
-	if msg := checkNodes(*nnodes, *nodeRank, *masterAddr, *masterPort, *keyFile != "" || os.Getenv(clusterKeyEnv) != ""); msg != "" {
+	if msg := checkNodes(nf.nnodes, nf.nodeRank, nf.masterAddr, nf.masterPort, *keyFile != "" || os.Getenv(clusterKeyEnv) != ""); msg != "" {
 		fmt.Fprintf(stderr, "qvd launch: %s\n", msg)
 		return exitUsage
 	}
-	hostSet := false
-	fs.Visit(func(f *flag.Flag) { hostSet = hostSet || f.Name == "host" })
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd launch: locating the qvd binary: %v\n", err)
@@ -87,39 +82,11 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		env = append(env, clusterKeyEnv+"="+hex.EncodeToString(key))
 	}
 	env = shareCores(env, *nproc)
-	port := *masterPort
-	if port == 0 && *nnodes > 1 {
-		port = defaultSlurmPort // torchrun's default MASTER_PORT
+	coord, coordBind, code := nf.place(ctx, fs, "qvd launch", stderr)
+	if code != exitOK {
+		return code
 	}
-	if *nnodes > 1 && !hostSet {
-		ip, err := resolveHost(ctx, *masterAddr)
-		if err == nil {
-			*host, err = routeFrom(ctx, ip, port)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "qvd launch: --master-addr %s: %v (or set --host)\n", *masterAddr, err)
-			return exitUsage
-		}
-	}
-	if port == 0 {
-		if port, err = freePort(*host); err != nil {
-			fmt.Fprintf(stderr, "qvd launch: %v\n", err)
-			return exitFailure
-		}
-	}
-	// coord is where the workers join; coordBind what node 0's first worker binds.
-	coord := net.JoinHostPort(*host, strconv.Itoa(port))
-	coordBind := coord
-	if *nnodes > 1 {
-		coord = net.JoinHostPort(*masterAddr, strconv.Itoa(port))
-		if *nodeRank == 0 {
-			if coordBind, err = coordinatorBind(ctx, *masterAddr, port); err != nil {
-				fmt.Fprintf(stderr, "qvd launch: --master-addr: %v\n", err)
-				return exitUsage
-			}
-		}
-	}
-	world := *nnodes * *nproc
+	world := nf.nnodes * *nproc
 	width := max(3, len(strconv.Itoa(world-1)))
 	var dataArgs []string // what a worker on another node takes from the train flags
 	if d, ok := flagValue(rest, "data"); ok {
@@ -136,17 +103,17 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	for i := range workers {
 		// Node names sort in launch order, so rank i is worker i (rendezvous gives the
 		// coordinator rank 0 and orders the rest by name).
-		rank := *nodeRank**nproc + i
+		rank := nf.nodeRank**nproc + i
 		name := fmt.Sprintf("launch-%0*d", width, rank)
 		var a []string
-		grpcHost := *host
+		grpcHost := nf.host
 		if rank == 0 {
 			a = append([]string{"train"}, rest...)
 			a = append(a, "--nodes", strconv.Itoa(world), "--bind", coordBind, "--node-name", name)
 			grpcHost, _, _ = net.SplitHostPort(coordBind)
 		} else {
-			a = []string{"join", coord, "--bind", net.JoinHostPort(*host, "0"), "--node-name", name}
-			if *nnodes > 1 {
+			a = []string{"join", coord, "--bind", net.JoinHostPort(nf.host, "0"), "--node-name", name}
+			if nf.nnodes > 1 {
 				a = append(a, dataArgs...)
 			}
 		}
@@ -157,7 +124,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		// The worker's index on this machine picks its GPU (device.ordinal -1).
 		workers[i].cmd.Env = append(append([]string(nil), env...), "QVD_LOCAL_RANK="+strconv.Itoa(i), launchedEnv+"=1")
 	}
-	code := runWorkers(ctx, workers, stdout, stderr)
+	code = runWorkers(ctx, workers, stdout, stderr)
 	if code == exitInterrupted {
 		fmt.Fprintf(stdout, "resume with: %s\n", resumeCommand(progName()+" launch", args))
 	}
@@ -192,6 +159,65 @@ func splitLaunchArgs(args []string) (own, rest []string) {
 		return own, args[i:]
 	}
 	return own, nil
+}
+
+// nodeFlags are the multi-machine flags of launch and bench, as torchrun's static rendezvous.
+type nodeFlags struct {
+	host       string
+	nnodes     int
+	nodeRank   int
+	masterAddr string
+	masterPort int
+}
+
+func (nf *nodeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&nf.host, "host", "127.0.0.1", "address the workers bind and talk on (default 127.0.0.1; with --nnodes > 1, the address that routes to --master-addr)")
+	fs.IntVar(&nf.nnodes, "nnodes", 1, "number of machines, one launcher each (torchrun's --nnodes)")
+	fs.IntVar(&nf.nodeRank, "node-rank", 0, "this launcher's machine in [0, nnodes): its workers are ranks node-rank·nproc and up")
+	fs.StringVar(&nf.masterAddr, "master-addr", "", "host of node 0, where its first worker coordinates (required with --nnodes > 1)")
+	fs.IntVar(&nf.masterPort, "master-port", 0, "the coordinator's gossip port, gRPC on the next (default: 29500 with --nnodes > 1, else a free port)")
+}
+
+// place decides where the workers meet once the flags are checked (checkNodes): coord is the
+// address the workers join, coordBind what node 0's first worker binds. With --nnodes > 1
+// and no --host, host becomes the address that routes to --master-addr. A non-OK code comes
+// with its message written to stderr under cmd's name.
+func (nf *nodeFlags) place(ctx context.Context, fs *flag.FlagSet, cmd string, stderr io.Writer) (coord, coordBind string, code int) {
+	hostSet := false
+	fs.Visit(func(f *flag.Flag) { hostSet = hostSet || f.Name == "host" })
+	port := nf.masterPort
+	if port == 0 && nf.nnodes > 1 {
+		port = defaultSlurmPort // torchrun's default MASTER_PORT
+	}
+	var err error
+	if nf.nnodes > 1 && !hostSet {
+		ip, err := resolveHost(ctx, nf.masterAddr)
+		if err == nil {
+			nf.host, err = routeFrom(ctx, ip, port)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: --master-addr %s: %v (or set --host)\n", cmd, nf.masterAddr, err)
+			return "", "", exitUsage
+		}
+	}
+	if port == 0 {
+		if port, err = freePort(nf.host); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+			return "", "", exitFailure
+		}
+	}
+	coord = net.JoinHostPort(nf.host, strconv.Itoa(port))
+	coordBind = coord
+	if nf.nnodes > 1 {
+		coord = net.JoinHostPort(nf.masterAddr, strconv.Itoa(port))
+		if nf.nodeRank == 0 {
+			if coordBind, err = coordinatorBind(ctx, nf.masterAddr, port); err != nil {
+				fmt.Fprintf(stderr, "%s: --master-addr: %v\n", cmd, err)
+				return "", "", exitUsage
+			}
+		}
+	}
+	return coord, coordBind, exitOK
 }
 
 // checkNodes validates launch's multi-node flags; "" when they are fine.

@@ -65,11 +65,36 @@ func TestLaunchNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process")
 	}
+	launchNodes(t, "tcp", false)
+}
+
+// TestLaunchNodesHierarchical (issue 19): the same job with collective.transport auto, each
+// launcher also in an IPC namespace and /dev/shm of its own, as two machines are. auto must
+// choose the hierarchical data plane on every rank (shared memory within a node, TCP across),
+// and the four ranks must end identical and within float tolerance of one process.
+func TestLaunchNodesHierarchical(t *testing.T) {
+	needDataset(t)
+	if testing.Short() {
+		t.Skip("multi-process")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare(1)")
+	}
+	launchNodes(t, "auto", true)
+}
+
+// launchNodes runs the two-launcher job with --transport transport; privateShm puts each
+// launcher in its own IPC namespace with a fresh /dev/shm (network namespaces are then
+// required).
+func launchNodes(t *testing.T, transport string, privateShm bool) {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	nsA, nsB, ipA, _, netns := netnsPair(t)
+	if privateShm && !netns {
+		t.Skip("separate IPC namespaces need network namespaces here")
+	}
 	master, port := "127.0.0.1", freePortPair(t)
 	if netns {
 		master, port = ipA, 29500 // namespaces are fresh: torchrun's default port is free
@@ -78,16 +103,22 @@ func TestLaunchNodes(t *testing.T) {
 	}
 	dir := t.TempDir()
 	out := filepath.Join(dir, "nodes")
-	small := []string{"--train-subset", "1024", "--test-subset", "200", "--max-steps", "8", "--transport", "tcp", "--seed", "5", "--quiet"}
+	small := []string{"--train-subset", "1024", "--test-subset", "200", "--max-steps", "8", "--transport", transport, "--seed", "5", "--quiet"}
 	var outs []*syncBuffer
 	var dones []<-chan int
 	for node, ns := range []string{nsA, nsB} {
 		args := append([]string{"launch", "--nnodes", "2", "--node-rank", fmt.Sprint(node), "--nproc", "2", "--master-addr", master,
 			"--master-port", fmt.Sprint(port), "--out", out, "--micro-batch", "8"}, small...)
 		var cmd *exec.Cmd
-		if netns {
+		switch {
+		case privateShm:
+			// unshare's mount namespace keeps the new tmpfs to this launcher's processes.
+			sh := []string{"netns", "exec", ns, "unshare", "--ipc", "--mount", "--", "sh", "-c",
+				`mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$0" "$@"`, exe}
+			cmd = exec.Command("ip", append(sh, args...)...)
+		case netns:
 			cmd = exec.Command("ip", append([]string{"netns", "exec", ns, exe}, args...)...)
-		} else {
+		default:
 			cmd = exec.Command(exe, args...)
 		}
 		cmd.Env = append(launcherEnv(), asQVD+"=1", clusterKeyEnv+"="+testKey)
@@ -115,6 +146,9 @@ func TestLaunchNodes(t *testing.T) {
 			t.Fatalf("node 1 did not run rank %d:\n%s", r, n1)
 		}
 	}
+	if want := map[string]string{"tcp": "tcp", "auto": "hierarchical"}[transport]; strings.Count(outs[0].String()+n1, `"data_plane": "`+want+`"`) != 4 {
+		t.Fatalf("want the %s data plane on all four ranks:\n%s\n%s", want, outs[0], n1)
+	}
 	if len(sums) != 1 || strings.Count(outs[0].String()+n1, "weights_sha256") < 4 {
 		t.Fatalf("want one weights_sha256 from all four ranks, got %v:\n%s\n%s", sums, outs[0], n1)
 	}
@@ -125,7 +159,7 @@ func TestLaunchNodes(t *testing.T) {
 	if d := maxDiff(t, readModel(t, filepath.Join(single, "checkpoints")), readModel(t, filepath.Join(out, "checkpoints"))); d > 1e-5 {
 		t.Fatalf("2 nodes × 2 processes end %g away from one process with the same global batch", d)
 	} else {
-		t.Logf("2 launchers (netns %v) × 2 processes vs 1 process, global batch 32: max weight difference %.3g", netns, d)
+		t.Logf("2 launchers (netns %v, transport %s) × 2 processes vs 1 process, global batch 32: max weight difference %.3g", netns, transport, d)
 	}
 }
 

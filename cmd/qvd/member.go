@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/collective/grpcnet"
+	"github.com/qvd/qvd/collective/shmnet"
 	"github.com/qvd/qvd/collective/tcpnet"
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/internal/version"
@@ -233,6 +235,7 @@ func startMember(ccfg cluster.Config, tlsc cluster.TLSConfig, role, job string, 
 		Memory: memstat.NewReader().Read().Available, // host memory; GPU memory joins with the GPU engine
 		GRPC:   net.JoinHostPort(adv, strconv.Itoa(lis.Addr().(*net.TCPAddr).Port)),
 		Data:   net.JoinHostPort(adv, tcpPort),
+		Host:   shmHost(log),
 	}
 	m.node, err = cluster.New(ccfg, meta, log)
 	if err != nil {
@@ -279,42 +282,172 @@ func advertiseHost(bindHost, advertise string) string {
 	return "127.0.0.1"
 }
 
-// communicator builds the ring over the roster with the configured data path.
-func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collective.Config) (collective.Communicator, collective.Transport, error) {
-	var t collective.Transport
-	var err error
-	switch cfg.Transport {
-	case "tcp":
-		addrs := make([]string, len(r.Members))
-		for i, mm := range r.Members {
-			addrs[i] = mm.Data
-		}
-		t, err = m.tcp.Transport(ctx, tcpnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret})
-		if c, ok := t.(tcpnet.Connector); ok && err == nil && r.World > 1 {
-			// The ring talks to its two neighbours only; connect now so that an unreachable
-			// neighbour is reported at start, not at the first collective.
-			if err = c.Connect(ctx, (r.Rank+1)%r.World, (r.Rank-1+r.World)%r.World); err != nil {
-				t.Close()
-			}
-		}
-	default:
-		addrs := make([]string, len(r.Members))
-		for i, mm := range r.Members {
-			addrs[i] = mm.GRPC
-		}
-		t, err = m.hub.Transport(ctx, grpcnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret,
-			DialOptions: cluster.DialOptions(m.key, m.tls)})
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s data path: %w", cfg.Transport, err)
-	}
-	t = collective.Count(t) // bytes per collective, for the metrics endpoint
-	ring, err := collective.NewRing(t, cfg)
-	if err != nil {
+// dataPlane is a job's communicator and the transports under it, which it does not close.
+type dataPlane struct {
+	comm       collective.Communicator
+	plan       collective.Plan
+	wire       *collective.WireCounts // bytes per collective, summed over the transports
+	transports []collective.Transport
+}
+
+// Close closes the communicator, then its transports; safe twice.
+func (d *dataPlane) Close() {
+	d.comm.Close()
+	for _, t := range d.transports {
 		t.Close()
-		return nil, nil, err
 	}
-	return ring, t, nil
+}
+
+// communicator builds the data plane over the roster for collective.transport: a ring over
+// shared memory, TCP or gRPC, or the hierarchical composition of a shared-memory ring
+// within each host and a TCP ring per local rank across hosts (collective.ChooseTransport
+// decides from the members' host ids). nccl gets the gRPC ring, which bootstraps it.
+func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collective.Config) (*dataPlane, error) {
+	hosts := make([]string, len(r.Members))
+	for i, mm := range r.Members {
+		hosts[i] = mm.Host
+	}
+	topo, err := collective.NewTopology(hosts, r.Rank)
+	if err != nil {
+		return nil, err
+	}
+	requested := cfg.Transport
+	if requested == "nccl" {
+		requested = "grpc"
+	}
+	plan, reason, err := collective.ChooseTransport(requested, topo, nil)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Transport == "auto" {
+		m.log.Info("data plane chosen", zap.String("plan", string(plan)), zap.String("why", reason))
+	}
+	d := &dataPlane{plan: plan, wire: &collective.WireCounts{}}
+	ring := func(t collective.Transport) (collective.Communicator, error) {
+		t = collective.CountInto(t, d.wire)
+		d.transports = append(d.transports, t)
+		return collective.NewRing(t, cfg)
+	}
+	fail := func(err error) (*dataPlane, error) {
+		for _, t := range d.transports {
+			t.Close()
+		}
+		return nil, fmt.Errorf("%s data path: %w", plan, err)
+	}
+	if plan != collective.PlanHierarchical {
+		var t collective.Transport
+		switch plan {
+		case collective.PlanShm:
+			t, err = m.shmTransport(ctx, r, r.Job, topo.Local, topo.LocalRank)
+		case collective.PlanTCP:
+			t, err = m.tcpTransport(ctx, r, r.Job, allRanks(r.World), r.Rank)
+		default:
+			addrs := make([]string, len(r.Members))
+			for i, mm := range r.Members {
+				addrs[i] = mm.GRPC
+			}
+			t, err = m.hub.Transport(ctx, grpcnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret,
+				DialOptions: cluster.DialOptions(m.key, m.tls)})
+		}
+		if err != nil {
+			return fail(err)
+		}
+		if d.comm, err = ring(t); err != nil {
+			return fail(err)
+		}
+		return d, nil
+	}
+	// Hierarchical: every host's ranks form a shared-memory group, and the ranks with the
+	// same local rank form a TCP group across hosts, named apart on the shared listener.
+	lt, err := m.shmTransport(ctx, r, r.Job, topo.Local, topo.LocalRank)
+	if err != nil {
+		return fail(err)
+	}
+	local, err := ring(lt)
+	if err != nil {
+		return fail(err)
+	}
+	ct, err := m.tcpTransport(ctx, r, crossJob(r.Job, topo.LocalRank), topo.Cross, topo.CrossRank)
+	if err != nil {
+		local.Close()
+		return fail(err)
+	}
+	cross, err := ring(ct)
+	if err != nil {
+		local.Close()
+		return fail(err)
+	}
+	if d.comm, err = collective.NewHierarchical(local, cross, topo); err != nil {
+		local.Close()
+		cross.Close()
+		return fail(err)
+	}
+	return d, nil
+}
+
+// shmTransport joins the shared-memory group of the global ranks in group (this rank at
+// index rank).
+func (m *member) shmTransport(ctx context.Context, r *cluster.Roster, job string, group []int, rank int) (collective.Transport, error) {
+	names := make([]string, len(group))
+	for i, g := range group {
+		names[i] = r.Members[g].Name
+	}
+	return shmnet.New(ctx, shmnet.Group{Job: job, Rank: rank, Size: len(group), Secret: r.Secret, Addrs: names},
+		shmnet.DefaultConfig(), m.log)
+}
+
+// tcpTransport joins the raw-TCP group of the global ranks in group (this rank at index
+// rank) as job, and connects to its ring neighbours now, so that an unreachable neighbour
+// is reported at start, not at the first collective.
+func (m *member) tcpTransport(ctx context.Context, r *cluster.Roster, job string, group []int, rank int) (collective.Transport, error) {
+	addrs := make([]string, len(group))
+	for i, g := range group {
+		addrs[i] = r.Members[g].Data
+	}
+	t, err := m.tcp.Transport(ctx, tcpnet.Group{Job: job, Rank: rank, Addrs: addrs, Secret: r.Secret})
+	if err != nil {
+		return nil, err
+	}
+	if c, ok := t.(tcpnet.Connector); ok && len(group) > 1 {
+		if err := c.Connect(ctx, (rank+1)%len(group), (rank-1+len(group))%len(group)); err != nil {
+			t.Close()
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// crossJob names the TCP group of local rank l's cross-host ring: the job id with a suffix,
+// shortened to a hash of the id where the result would exceed a job id's 64 characters.
+func crossJob(job string, l int) string {
+	suffix := ".x" + strconv.Itoa(l)
+	if len(job)+len(suffix) > 64 {
+		sum := sha256.Sum256([]byte(job))
+		job = hex.EncodeToString(sum[:16])
+	}
+	return job + suffix
+}
+
+func allRanks(n int) []int {
+	r := make([]int, n)
+	for i := range r {
+		r[i] = i
+	}
+	return r
+}
+
+// shmHost is the host id this member publishes: cluster.HostID where shared memory works
+// here, else "" (the member then counts as a host of its own, and auto gives it TCP).
+func shmHost(log *zap.Logger) string {
+	id, err := cluster.HostID()
+	if err == nil {
+		err = shmnet.Available("")
+	}
+	if err != nil {
+		log.Info("shared memory unavailable: this member's collectives use TCP", zap.Error(err))
+		return ""
+	}
+	return id
 }
 
 // watchPeers calls lost with a description whenever a member of the roster leaves or fails,

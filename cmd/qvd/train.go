@@ -25,6 +25,7 @@ import (
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/blas"
+	"github.com/qvd/qvd/internal/dashboard"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/monitor"
 	"github.com/qvd/qvd/internal/progress"
@@ -80,7 +81,7 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.trainSubset, "train-subset", 0, "train on the first N samples only (data.train_subset)")
 	fs.IntVar(&f.testSubset, "test-subset", 0, "evaluate on the first N test samples only (data.test_subset)")
 	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
-	fs.StringVar(&f.transport, "transport", "", "data path between processes: grpc, tcp or nccl (collective.transport)")
+	fs.StringVar(&f.transport, "transport", "", "data path between processes: auto (shared memory within a host, TCP across), shm, tcp, grpc or nccl (collective.transport)")
 	fs.StringVar(&f.device, "device", "", "where the engine runs: cpu, cuda (a qvd built with -tags cuda) or reference (the plain-Go reference device) (device.type)")
 	fs.StringVar(&f.engine, "engine", "", "native (qvd's layer engine) or gorgonia (the gorgonia graphs, CPU only) (engine)")
 	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
@@ -386,7 +387,7 @@ type job struct {
 	resume      string
 	rank, world int
 	comm        collective.Communicator
-	transport   collective.Transport
+	plane       *dataPlane             // the communicator and its transports
 	wire        *collective.WireCounts // the transport's byte counters (nil: none)
 	metricsAddr string                 // this worker's own metrics address ("": the job's, see serveMetrics)
 	member      *member
@@ -447,25 +448,23 @@ func (o *outputFlags) setup(j *job, stdout, stderr io.Writer) int {
 func (j *job) attach(ctx context.Context, m *member, r *cluster.Roster, stderr io.Writer) int {
 	j.member, j.roster = m, r
 	_ = m.node.UpdateMeta(func(meta *cluster.Meta) { meta.Rank = r.Rank; meta.Job = r.Job })
-	comm, t, err := m.communicator(ctx, r, j.cfg.Collective)
+	d, err := m.communicator(ctx, r, j.cfg.Collective)
 	if err != nil {
 		return j.fail(stderr, err)
 	}
 	if j.cfg.Collective.Transport == "nccl" {
-		nc, err := ncclOver(ctx, comm, r.Rank, j.cfg.Device)
+		nc, err := ncclOver(ctx, d.comm, r.Rank, j.cfg.Device)
 		if err != nil {
-			comm.Close()
-			t.Close()
+			d.Close()
 			return j.fail(stderr, err)
 		}
-		comm = nc // it closes the ring it was bootstrapped from
+		d.comm = nc // it closes the ring it was bootstrapped from
+	} else {
+		j.wire = d.wire // NCCL's traffic bypasses the transport, which only bootstrapped it
 	}
-	j.comm, j.transport = comm, t
-	if c, ok := t.(collective.CountingTransport); ok && j.cfg.Collective.Transport != "nccl" {
-		j.wire = c.WireCounts() // NCCL's traffic bypasses the transport, which only bootstrapped it
-	}
+	j.comm, j.plane = d.comm, d
 	j.log.Info("joined the job", zap.String("job", r.Job), zap.Int("world", r.World),
-		zap.String("transport", j.cfg.Collective.Transport))
+		zap.String("transport", j.cfg.Collective.Transport), zap.String("data_plane", string(d.plan)))
 	return exitOK
 }
 
@@ -481,9 +480,8 @@ func (j *job) fail(stderr io.Writer, err error) int {
 // run trains and reports; every exit path releases the communicator.
 func (j *job) run(ctx context.Context, stdout, stderr io.Writer) int {
 	defer func() {
-		if j.comm != nil {
-			j.comm.Close()
-			j.transport.Close()
+		if j.plane != nil {
+			j.plane.Close()
 		}
 	}()
 	res, err := j.train(ctx)
@@ -588,6 +586,9 @@ type stepSink struct {
 	prom   *promexport.Exporter
 	// monitors writes the TensorBoard and CSV files (rank 0; nil elsewhere).
 	monitors *monitor.Sink
+	// members writes rank 0's view of the members to the file now and then, for
+	// qvd dashboard RUN_DIR (rank 0 of a multi-node job; nil elsewhere).
+	members *dashboard.MembersLog
 }
 
 func (s stepSink) Write(r metrics.Record) error {
@@ -603,6 +604,7 @@ func (s stepSink) Write(r metrics.Record) error {
 			total += b
 		}
 		s.node.SetModelBytes(uint64(total))
+		gossipMemory(s.node, r)
 	}
 	if s.prom != nil {
 		_ = s.prom.Write(r) // never fails
@@ -610,6 +612,11 @@ func (s stepSink) Write(r metrics.Record) error {
 	if s.file != nil {
 		if err := s.file.Write(r); err != nil {
 			return err
+		}
+		if mr, due := s.membersDue(r); due {
+			if err := s.file.Write(mr); err != nil {
+				return err
+			}
 		}
 	}
 	if s.monitors != nil {
@@ -698,6 +705,16 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		}
 		defer mw.Close()
 		sink.file = mw
+		if j.roster != nil { // the group formed: a re-form after a resume shows as a new generation
+			var step int64
+			if from != nil {
+				step = from.Step()
+			}
+			if err := mw.Write(rendezvousRecord(j.roster, step)); err != nil {
+				return trainer.Result{}, err
+			}
+			sink.members = &dashboard.MembersLog{Source: dashboard.NewClusterView(j.member.node, dashboard.ViewOptions{Job: j.roster.Job})}
+		}
 		// The page is the running job's: it stops when the job returns (qvd dashboard RUN_DIR
 		// shows a finished run).
 		stopDashboard, err := j.serveDashboard()
@@ -744,9 +761,22 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	defer restore()
 	if j.member != nil {
-		j.member.watchPeers(j.roster, t.Abort)
+		lost := t.Abort
+		if sink.file != nil {
+			lost = func(err error) {
+				_ = sink.file.Write(memberLostRecord(err)) // after the run the file is closed: no event
+				t.Abort(err)
+			}
+		}
+		j.member.watchPeers(j.roster, lost)
 	}
 	res, err := t.Run(ctx)
+	if sink.file != nil && sink.members != nil {
+		_ = sink.file.Write(sink.members.Final(res.Steps, time.Now())) // a failed write shows at Close
+	}
+	if sink.file != nil && err != nil {
+		_ = sink.file.Write(stoppedRecord(res, err)) // why the run ended early, for the dashboard
+	}
 	if sink.file != nil {
 		// Close writes the records still buffered: the last chance to find a full disk.
 		if cerr := sink.file.Close(); cerr != nil && (err == nil || res.Interrupted) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/qvd/qvd/internal/metrics"
 
@@ -21,21 +22,41 @@ const (
 	maxRecords = 5000
 )
 
-// Handler serves the page on / and the records on /api/metrics.
+// Handler serves the page on /, the records on /api/metrics and the live members on
+// /api/members.
 type Handler struct {
-	tail  *Tail
-	title string
-	mux   *http.ServeMux
+	tail    *Tail // nil: no metrics file (a dashboard of a cluster, not of a run directory)
+	title   string
+	members MemberSource
+	source  string // where members come from, for the page
+	now     func() time.Time
+	mux     *http.ServeMux
 }
 
 var _ http.Handler = (*Handler)(nil)
 
-// New returns a Handler for the metrics file at path (it need not exist yet); title names the
-// run on the page.
-func New(path, title string) *Handler {
-	h := &Handler{tail: NewTail(path), title: title, mux: http.NewServeMux()}
+// Option configures a Handler.
+type Option func(*Handler)
+
+// WithMembers makes the page show src's members live; source says where they come from
+// ("gossip through 10.0.0.1:7946"), for the page.
+func WithMembers(src MemberSource, source string) Option {
+	return func(h *Handler) { h.members, h.source = src, source }
+}
+
+// New returns a Handler for the metrics file at path (it need not exist yet; "" for none:
+// the page then shows what a MemberSource gives); title names the run on the page.
+func New(path, title string, opts ...Option) *Handler {
+	h := &Handler{title: title, now: time.Now, mux: http.NewServeMux()}
+	if path != "" {
+		h.tail = NewTail(path)
+	}
+	for _, o := range opts {
+		o(h)
+	}
 	h.mux.HandleFunc("GET /{$}", h.serveIndex)
 	h.mux.HandleFunc("GET /api/metrics", h.serveMetrics)
+	h.mux.HandleFunc("GET /api/members", h.serveMembers)
 	return h
 }
 
@@ -56,6 +77,33 @@ type Response struct {
 	Gen       int              `json:"gen"`
 	Reset     bool             `json:"reset"`
 	Malformed int              `json:"malformed"`
+	NoFile    bool             `json:"no_file,omitempty"` // the dashboard reads no metrics file
+}
+
+// MembersResponse is the body of /api/members. Live is false when the dashboard has no
+// cluster view (`qvd dashboard RUN_DIR`): the page then shows the last members record of
+// the metrics file, if any.
+type MembersResponse struct {
+	Live    bool             `json:"live"`
+	Source  string           `json:"source,omitempty"`
+	Time    float64          `json:"time"` // when the view was read, seconds since the Unix epoch
+	Members []metrics.Member `json:"members"`
+}
+
+func (h *Handler) serveMembers(w http.ResponseWriter, _ *http.Request) {
+	resp := MembersResponse{Live: h.members != nil, Source: h.source, Time: float64(h.now().UnixNano()) / 1e9, Members: []metrics.Member{}}
+	if h.members != nil {
+		if ms := h.members.Members(); ms != nil {
+			resp.Members = ms
+		}
+	}
+	writeJSON(w, resp)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(v) // an error: the client went away
 }
 
 func (h *Handler) serveMetrics(w http.ResponseWriter, r *http.Request) {
@@ -68,6 +116,10 @@ func (h *Handler) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	gen, err := intParam(q.Get("gen"))
 	if err != nil {
 		http.Error(w, "gen: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if h.tail == nil {
+		writeJSON(w, Response{Title: h.title, Records: []metrics.Record{}, NoFile: true})
 		return
 	}
 	s, err := h.tail.Poll(since, maxRecords)
@@ -89,11 +141,7 @@ func (h *Handler) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	if resp.Records == nil {
 		resp.Records = []metrics.Record{} // [] rather than null for the page
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	if err := json.NewEncoder(w).Encode(resp); err != nil {
-		return // the client went away
-	}
+	writeJSON(w, resp)
 }
 
 func intParam(v string) (int, error) {

@@ -193,7 +193,8 @@ func TestDashboardIndex(t *testing.T) {
 	if rec.Code != http.StatusOK || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/html") {
 		t.Fatalf("GET /: %d %q", rec.Code, rec.Header().Get("Content-Type"))
 	}
-	for _, want := range []string{`id="loss"`, `id="accuracy"`, `id="throughput"`, `id="memory"`, `id="events"`, "api/metrics"} {
+	for _, want := range []string{`id="loss"`, `id="accuracy"`, `id="throughput"`, `id="memory"`, `id="events"`, "api/metrics",
+		`id="phases"`, `id="rankmem"`, `id="members"`, "api/members"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %s", want)
 		}

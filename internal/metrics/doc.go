@@ -1,11 +1,14 @@
 // Package metrics owns the per-step metrics file: the Record type written once per optimizer
-// step and once per evaluation, the Writer that appends records to a JSON-lines file while a
+// step and once per evaluation — and, less often, for an event (KindEvent: the group formed,
+// a member lost, the micro-batch halved) and rank 0's view of the members (KindMembers) —
+// the Writer that appends records to a JSON-lines file while a
 // run is in progress, and the readers (ReadFile, WriteCSV) used by `qvd plot` and by users.
 //
 // Contract:
 //   - The file holds one JSON object per line, in the order the records were written. A run
 //     resumed from a checkpoint appends to the same file, so a step can appear more than once;
 //     readers that need one value per step keep the last one.
+//   - Readers skip kinds they do not know: later versions may add some.
 //   - Non-finite floats (a NaN loss after an fp16 overflow, an infinite gradient norm) cannot be
 //     written as JSON numbers. They are written as null and read back as NaN, so one bad step
 //     never makes the whole file unreadable. The sign of an infinity is not preserved.

@@ -101,6 +101,15 @@ type wireRecord struct {
 
 	Accuracy nullableFloat `json:"accuracy,omitempty"`
 	Samples  int           `json:"samples,omitempty"`
+
+	OOMSkipped int `json:"oom_skipped,omitempty"`
+
+	Event  string `json:"event,omitempty"`
+	Detail string `json:"detail,omitempty"`
+	Gen    uint64 `json:"gen,string,omitempty"`
+	World  int    `json:"world,omitempty"`
+
+	Members []Member `json:"members,omitempty"`
 }
 
 func (r *Record) toWire() wireRecord {
@@ -128,6 +137,12 @@ func (r *Record) toWire() wireRecord {
 		GPU:            r.GPU,
 		Accuracy:       nullableFloat(r.Accuracy),
 		Samples:        r.Samples,
+		OOMSkipped:     r.OOMSkipped,
+		Event:          r.Event,
+		Detail:         r.Detail,
+		Gen:            r.Gen,
+		World:          r.World,
+		Members:        r.Members,
 	}
 }
 
@@ -156,5 +171,11 @@ func (w *wireRecord) record() Record {
 		GPU:            w.GPU,
 		Accuracy:       float64(w.Accuracy),
 		Samples:        w.Samples,
+		OOMSkipped:     w.OOMSkipped,
+		Event:          w.Event,
+		Detail:         w.Detail,
+		Gen:            w.Gen,
+		World:          w.World,
+		Members:        w.Members,
 	}
 }

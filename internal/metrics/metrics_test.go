@@ -133,6 +133,12 @@ func fullRecord() Record {
 			m := reflect.MakeMap(f.Type())
 			m.SetMapIndex(reflect.ValueOf(fmt.Sprintf("k%d", i)), reflect.ValueOf(i+1).Convert(f.Type().Elem()))
 			f.Set(m)
+		case reflect.Slice:
+			e := reflect.New(f.Type().Elem()).Elem()
+			if e.Kind() == reflect.Struct && e.NumField() > 0 && e.Field(0).Kind() == reflect.String {
+				e.Field(0).SetString(fmt.Sprintf("e%d", i))
+			}
+			f.Set(reflect.Append(reflect.MakeSlice(f.Type(), 0, 1), e))
 		default:
 			panic("fullRecord: add a case for " + f.Kind().String())
 		}
@@ -544,6 +550,8 @@ func TestWriteCSV(t *testing.T) {
 			GPU:       map[string]int64{"gpu0_used": 7, "gpu0_total": 9}},
 		{Kind: KindTrain, Time: 1700000001, Step: 2, Epoch: 0.02, Loss: math.NaN(), Skipped: true},
 		{Kind: KindEval, Time: 1700000002, Step: 2, Epoch: 1, Loss: 0.5, Accuracy: 0.9, Samples: 10000},
+		{Kind: KindEvent, Time: 1700000003, Step: 2, Event: EventRendezvous, Detail: "2 ranks", Gen: 5, World: 2},
+		{Kind: KindMembers, Time: 1700000004, Step: 2, Members: []Member{{Name: "n0", State: "alive", Rank: 0, Step: 2, Gen: 9}}},
 	}
 	var buf bytes.Buffer
 	if err := WriteCSV(&buf, recs); err != nil {
@@ -555,11 +563,16 @@ func TestWriteCSV(t *testing.T) {
 	}
 	want := [][]string{
 		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes",
-			"available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate", "phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples"},
+			"available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate", "phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples",
+			"oom_skipped", "event", "detail", "gen", "world", "members"},
 		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152",
-			"3145728", "4194304", "5242880", "0.5", "12", "", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", ""},
-		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", "", ""},
-		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "0.9", "10000"},
+			"3145728", "4194304", "5242880", "0.5", "12", "", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", "", "", "", "", "", "", ""},
+		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""},
+		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "0.9", "10000", "", "", "", "", "", ""},
+		{"event", "1700000003", "2", "0", "0", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "", "",
+			"", "rendezvous", "2 ranks", "5", "2", ""},
+		{"members", "1700000004", "2", "0", "0", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "", "",
+			"", "", "", "", "", `[{"name":"n0","state":"alive","rank":0,"step":2,"gen":"9"}]`},
 	}
 	if !reflect.DeepEqual(rows, want) {
 		t.Fatalf("CSV:\n got %q\nwant %q", rows, want)

@@ -63,6 +63,7 @@ var CSVHeader = []string{
 	"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec",
 	"skipped", "heap_bytes", "rss_bytes", "available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate",
 	"phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples",
+	"oom_skipped", "event", "detail", "gen", "world", "members",
 }
 
 // WriteCSV writes recs as CSV with a header row. Fields that the JSON form omits when zero
@@ -101,6 +102,12 @@ func WriteCSV(w io.Writer, recs []Record) error {
 			formatMemory(r.GPU),
 			optFloat(r.Accuracy),
 			optInt(int64(r.Samples)),
+			optInt(int64(r.OOMSkipped)),
+			r.Event,
+			r.Detail,
+			optUint(r.Gen),
+			optInt(int64(r.World)),
+			formatMembers(r.Members),
 		)
 		if err := cw.Write(row); err != nil {
 			return fmt.Errorf("writing CSV row %d (step %d): %w", i+1, r.Step, err)
@@ -156,4 +163,17 @@ func formatPairs[V any](m map[string]V, format func(V) string) string {
 		parts[i] = k + "=" + format(m[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+// formatMembers writes a members record's list as JSON, one cell: a table in a table would
+// need columns per member.
+func formatMembers(ms []Member) string {
+	if len(ms) == 0 {
+		return ""
+	}
+	b, err := json.Marshal(ms)
+	if err != nil {
+		return "" // Member has no field encoding/json rejects
+	}
+	return string(b)
 }

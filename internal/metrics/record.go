@@ -9,7 +9,42 @@ package metrics
 const (
 	KindTrain = "train" // one optimizer step
 	KindEval  = "eval"  // one evaluation pass over the test set
+	// KindEvent: something happened to the run besides a step (Event names it); written by
+	// rank 0 as it happens.
+	KindEvent = "event"
+	// KindMembers: rank 0's view of the cluster's members (Members), from gossip; written
+	// when the view changes and at most every few seconds otherwise, in multi-node runs only.
+	KindMembers = "members"
 )
+
+// Events (Record.Event of a KindEvent record).
+const (
+	// EventRendezvous: the job's members formed a group (Gen, World); a run resumed with a
+	// new rendezvous records another, with a larger Gen: the group re-formed.
+	EventRendezvous = "rendezvous"
+	// EventMemberLost: a member of the job left or failed; Detail names its rank.
+	EventMemberLost = "member_lost"
+	// EventStopped: the run ended before its last step, at Step: interrupted (a signal, with
+	// a checkpoint) or failed (a lost rank, a full disk); Detail says which and why.
+	EventStopped = "stopped"
+	// EventMicroBatchHalved: memory trouble made every rank halve its micro-batch and double
+	// accumulation after Step; Detail says why.
+	EventMicroBatchHalved = "micro_batch_halved"
+)
+
+// Member is one member of the cluster as rank 0 saw it through gossip (see package cluster).
+type Member struct {
+	Name  string `json:"name"`
+	State string `json:"state"` // alive, suspect, dead or left (memberlist's verdict), or missing
+	Role  string `json:"role,omitempty"`
+	Job   string `json:"job,omitempty"`   // the job it trains in ("" before a roster)
+	Rank  int    `json:"rank"`            // -1: none (an observer)
+	Step  int64  `json:"step,omitempty"`  // the last step it gossiped
+	Gen   uint64 `json:"gen,string"`      // its process generation: a restarted process has another
+	Model uint64 `json:"model,omitempty"` // bytes it holds for training (the sum of its Memory categories)
+	RSS   uint64 `json:"rss,omitempty"`   // its resident set size, bytes
+	Peak  uint64 `json:"peak,omitempty"`  // its largest Go heap at a phase's end (its PhaseHeap's largest), bytes
+}
 
 // Record is one line of the metrics file. Train records fill the step fields; eval records
 // fill Accuracy and Loss (mean test loss). Zero-valued optional fields are omitted.
@@ -53,4 +88,15 @@ type Record struct {
 
 	Accuracy float64 `json:"accuracy,omitempty"` // eval only: fraction of test samples classified correctly
 	Samples  int     `json:"samples,omitempty"`  // eval only: number of test samples evaluated
+
+	// OOMSkipped (train only) is how many micro-batches, over all ranks, ran out of memory
+	// and were skipped in this step; with Skipped, every one of them did.
+	OOMSkipped int `json:"oom_skipped,omitempty"`
+
+	Event  string `json:"event,omitempty"`      // event only: EventRendezvous, ...
+	Detail string `json:"detail,omitempty"`     // event only: what happened, for people
+	Gen    uint64 `json:"gen,string,omitempty"` // EventRendezvous: the rendezvous generation (a string in JSON: a nanosecond clock does not fit a JavaScript number)
+	World  int    `json:"world,omitempty"`      // EventRendezvous: the group's size
+
+	Members []Member `json:"members,omitempty"` // members only
 }

@@ -1,0 +1,87 @@
+// Package shmnet is qvd's shared-memory data plane: a collective.Transport for the ranks of
+// one job that run on the same host, in place of loopback TCP. cmd/qvd builds it with New
+// once the local group (job, rank, size, secret) is known and hands it to collective.NewRing.
+// The ranks must see the same Group.Dir (containers: a shared IPC namespace, which shares
+// /dev/shm); they need not share a pid namespace.
+//
+// Layout. Each rank creates one receive segment, a file qvd-<job>-<rank>-<pid> in Group.Dir
+// (default /dev/shm), mode 0600, created with O_EXCL|O_NOFOLLOW. It holds a header page and
+// one slot per sending rank: a control page (head and tail counters on separate cache lines,
+// the futex words, the sender's attach record) followed by a single-producer/single-consumer
+// byte ring of Config.RingBytes. Frames are records: a 64-byte header carrying the
+// collective.Header, then the payload, each record starting on a cache line. The sender
+// copies the payload from the caller's buffer into the ring and publishes head every 64 KiB,
+// so the receiver copies out while the rest goes in; a frame larger than the ring streams
+// through it. The receiver copies straight into the caller's buffer, or through
+// collective.DirectReceiver (RecvInto) into the Ring's destination: one copy on each side,
+// no intermediate buffer. Only the rings actually used are touched (the ring algorithms use
+// one per rank); the sender fallocates its slot on first use, so a full tmpfs is an error
+// naming --shm-size rather than a SIGBUS.
+//
+// Waiting. A Send waiting for room or a Recv waiting for data polls the counter for
+// Config.Spin, yielding the processor between polls, then sets its waiting flag and the
+// counter value it needs and sleeps on a futex word in the control page (FUTEX_WAIT, shared,
+// not private) with a Config.PollInterval timeout. The other side issues FUTEX_WAKE only
+// when the flag is set and the counter has reached the value wanted, so a busy ring makes no
+// system calls. All counter and flag accesses are sync/atomic on the mapping (sequentially
+// consistent), which is what makes the flag-then-recheck protocol free of lost wake-ups.
+//
+// Faults. Close sets a closed flag in this rank's header and in its slots in the peers'
+// segments and wakes every futex word: this rank's blocked calls return collective.ErrClosed,
+// its peers' a *collective.PeerError wrapping collective.ErrPeerGone naming it, after the
+// frames it had published. A peer killed outright sets no flag. Liveness is a kernel-held
+// lock, not a pid: each rank takes flock(LOCK_EX) on its own segment when it creates it and
+// holds it, through a descriptor it keeps open, until Close; each peer keeps a descriptor
+// of that file, opened before the unlink, and a sleeping call probes it with
+// flock(LOCK_SH|LOCK_NB) on every futex timeout. EWOULDBLOCK means the owner is there; a
+// granted lock means its descriptor closed, that is its process died (the kernel closes a
+// dead process's descriptors), and the call fails with ErrPeerGone naming it. flock locks
+// belong to the open file description, so this works on unlinked files, across pid
+// namespaces (containers sharing an IPC namespace, where every rank may be pid 1) and
+// whatever a dead rank's pid is reused for. A SIGKILL is reported within about PollInterval
+// (tests measure well under a second; the Ring's own Config.Timeout handles a peer that is
+// alive but hung).
+// A Send cut short by its ctx in the middle of a streamed frame marks the link cut (the
+// receiver cannot resynchronise); a Recv cut short mid-frame drops the rest of that frame.
+//
+// Security. A segment is only attached if it is a regular file owned by this uid with mode
+// exactly 0600, held by a live creator (its lock), and if its header's token, HMAC-SHA256 of
+// the job's secret over the header (rank, size, pid, ring size, a random nonce), verifies.
+// The attaching rank then writes the nonce of its own segment and its proof, HMAC(secret,
+// job | ranks | its pid | the segment's nonce | its own segment's nonce), which the creator
+// verifies before counting it attached; the nonce it wrote must be that of the segment the
+// creator mapped as that rank's, so the process that attached is the one that made the
+// peer's segment (the pid is recorded for messages only: it cannot identify a process in
+// another pid namespace). A failure is an error wrapping collective.ErrAuth that names the
+// file and the reason. The data itself is not authenticated frame by frame: the trust
+// boundary is the uid plus the secret, as with Gloo's and NCCL's shared-memory transports.
+//
+// Cleanup. New returns only once every peer has attached to this rank's segment, and then
+// unlinks it: from then on the memory lives only in the mappings, and dies with the last
+// process, however it dies. The window in which a name exists (between create and the last
+// attach) is covered by a sweep at every New: files qvd-<job>-<rank>-<pid> in the directory
+// owned by this uid whose lock can be taken (flock LOCK_EX|LOCK_NB: no live process holds
+// them, in whatever pid namespace) are removed and logged; the pid in the name is not
+// consulted. A creator that a sweep beats to the lock of its brand-new file finds the name
+// gone once it has the lock, and creates it again. Each rank holds one descriptor per
+// segment (its own and each peer's) for its life; none is left after Close.
+//
+// Concurrency. Send may be called concurrently for different peers; Sends to one peer are
+// serialised. Recv for a peer is called by one goroutine at a time (the Transport contract).
+// The transport starts no goroutines: all waiting happens in the caller's.
+//
+// Measured (2026-11-24, shared 2-core AMD EPYC VM, load average 2.5–5 from other engineers'
+// jobs the whole time, so wall-clock figures are low and noisy; CPU per call is the steadier
+// figure). 64 MiB fp32 all-reduce, Ring with 512 KiB pieces, ranks in one process,
+// go test -run '^$' -bench . -benchtime 5x ./collective/shmnet:
+//
+//	            busbw GB/s (shm)   busbw GB/s (tcpnet, same run)   CPU ms per call (shm)
+//	N=2 1 MiB   1.6–2.8            0.47–1.04                       33–41
+//	N=2 4 MiB   1.3–2.8                                            38–45
+//	N=4 1 MiB   0.75–1.22          0.63–0.87                       86–122
+//	N=4 4 MiB   0.63–1.23                                          116–131
+//
+// On a quiet machine, CPU per call bounds wall time from below at CPU/2: about 17–20 ms at
+// N=2 (≈3.3–4 GB/s busbw) and 43 ms at N=4 (≈2.3 GB/s). About two thirds of the CPU is
+// memmove into and out of the rings, a tenth the reduction.
+package shmnet
