@@ -2,6 +2,7 @@ package collective_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,11 +32,11 @@ func TestCountConformance(t *testing.T) {
 // directFake is a Transport with the DirectReceiver extension, recording that it was used.
 type directFake struct {
 	collective.Transport
-	used bool
+	used atomic.Bool
 }
 
 func (d *directFake) RecvInto(ctx context.Context, peer int, buf []byte, dst func(collective.Header) []byte) (collective.Header, []byte, error) {
-	d.used = true
+	d.used.Store(true)
 	h, p, err := d.Recv(ctx, peer, buf)
 	if err == nil {
 		if to := dst(h); to != nil {
@@ -83,7 +84,7 @@ func TestCountKeepsDirectReceiver(t *testing.T) {
 		}
 	}
 	for r := range rings {
-		if !fakes[r].used {
+		if !fakes[r].used.Load() {
 			t.Errorf("rank %d: the Ring did not use RecvInto through the wrapper", r)
 		}
 		next := counted[(r+1)%3].WireCounts()
