@@ -1,7 +1,7 @@
 // Package collective implements qvd's collective operations — all-reduce, reduce-scatter,
 // all-gather, broadcast and barrier over float32 buffers — as ring algorithms written
 // against a small frame Transport, so the same schedule runs over an in-process transport in
-// tests and over gRPC streams or raw TCP in production.
+// tests and over gRPC streams, raw TCP or shared memory in production.
 //
 // Algorithms. AllReduce is the bandwidth-optimal ring of Patarasuk & Yuan (2009) as used in
 // Baidu's ring all-reduce and NCCL: a reduce-scatter followed by an all-gather, each rank
@@ -27,5 +27,10 @@
 // Implementations. Ring (ring.go, call.go, dispatch.go) is the Communicator over any
 // Transport; the schedules it runs are pure arithmetic in schedule.go. NewInproc (inproc.go)
 // is an in-process Transport with fault injection (delay, drop, partition, kill) for tests.
-// Package collectivetest is the conformance suite every Communicator implementation runs.
+// Hierarchical (hier.go) composes two Communicators for a job on several hosts: a ring over
+// shared memory among the ranks of each host and one over TCP among the ranks with the same
+// local rank across hosts, so most bytes cross the cheap link. Topology and ChooseTransport
+// (topology.go) decide, from the ranks' host ids, which data plane collective.transport auto
+// gets. Package collectivetest is the conformance suite every Communicator implementation
+// runs.
 package collective
