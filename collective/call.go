@@ -52,6 +52,7 @@ type call struct {
 
 	// Guarded by r.mu.
 	ready, sent int // send frames ready, and sent
+	routed      int // frames handed to inbox (applyDest applies only the next one)
 	sending     bool
 	ended       bool
 	err         error
@@ -94,7 +95,7 @@ func (c *call) reset() {
 	c.buf, c.shards, c.ctx, c.cancel = nil, nil, nil, nil
 	c.held, c.hasHeld, c.aborted, c.heard = frame{}, false, false, false
 	c.sstep, c.spiece = 0, 0
-	c.ready, c.sent, c.total = 0, 0, 0
+	c.ready, c.sent, c.total, c.routed = 0, 0, 0, 0
 	c.sending, c.ended, c.err = false, false, nil
 	for _, ch := range []chan struct{}{c.failc, c.linkc, c.sentc} {
 		select {
@@ -214,7 +215,9 @@ func (c *call) run() error {
 				r.release(f)
 				return err
 			}
-			combine(c.buf[lo:hi], f.p, c.wire, reduce, c.red)
+			if !f.applied { // else the dispatcher combined it straight from the transport
+				combine(c.buf[lo:hi], f.p, c.wire, reduce, c.red)
+			}
 			r.release(f)
 			if si == s.finalStep {
 				c.finalize(c.buf[lo:hi])
@@ -389,7 +392,7 @@ func (c *call) check(f *frame, step uint32, piece, lo, hi int) error {
 	case h.Offset != uint64(lo) || h.Count != uint32(hi-lo):
 		why = fmt.Sprintf("elements [%d, +%d), want [%d, +%d) (do the ranks' lengths or shards differ?)",
 			h.Offset, h.Count, lo, hi-lo)
-	case uint64(h.Length) != uint64(h.Count)*uint64(c.wire.Bytes()) || len(f.p) != int(h.Length):
+	case uint64(h.Length) != uint64(h.Count)*uint64(c.wire.Bytes()) || !f.applied && len(f.p) != int(h.Length):
 		why = fmt.Sprintf("payload of %d bytes (header says %d) for %d %v elements", len(f.p), h.Length, h.Count, c.wire)
 	default:
 		return nil

@@ -58,15 +58,22 @@ type CountingTransport interface {
 }
 
 // Count wraps t so that every frame it sends or receives is added to a WireCounts. The
-// wrapper keeps t's DirectReceiver extension when t has one, so the Ring's zero-copy receive
-// path is unchanged. Close closes t.
+// wrapper keeps t's DirectReceiver and ApplyReceiver extensions when t has them, so the
+// Ring's zero-copy receive paths are unchanged. Close closes t.
 func Count(t Transport) CountingTransport { return CountInto(t, &WireCounts{}) }
 
 // CountInto is Count adding to w, so that the transports of a hierarchical communicator
 // (shared memory within the host, TCP across) report one rank's traffic together.
 func CountInto(t Transport, w *WireCounts) CountingTransport {
 	c := &counting{Transport: t, counts: w}
-	if d, ok := t.(DirectReceiver); ok {
+	d, direct := t.(DirectReceiver)
+	a, apply := t.(ApplyReceiver)
+	switch {
+	case direct && apply:
+		return &countingDirectApply{countingDirect: &countingDirect{counting: c, direct: d}, apply: a}
+	case apply:
+		return &countingApply{counting: c, apply: a}
+	case direct:
 		return &countingDirect{counting: c, direct: d}
 	}
 	return c
@@ -80,6 +87,8 @@ type counting struct {
 var (
 	_ CountingTransport = (*counting)(nil)
 	_ DirectReceiver    = (*countingDirect)(nil)
+	_ ApplyReceiver     = (*countingApply)(nil)
+	_ ApplyReceiver     = (*countingDirectApply)(nil)
 )
 
 func (c *counting) WireCounts() *WireCounts { return c.counts }
@@ -109,6 +118,35 @@ func (c *countingDirect) RecvInto(ctx context.Context, peer int, buf []byte, dst
 	h, p, err := c.direct.RecvInto(ctx, peer, buf, dst)
 	if err == nil {
 		c.counts.recv[opIndex(h.Op)].Add(uint64(HeaderSize + len(p)))
+	}
+	return h, p, err
+}
+
+// countingApply and countingDirectApply keep the ApplyReceiver extension as well (shared
+// memory has both extensions). A frame applied in place comes back without a payload: its
+// length is the header's.
+type countingApply struct {
+	*counting
+	apply ApplyReceiver
+}
+
+type countingDirectApply struct {
+	*countingDirect
+	apply ApplyReceiver
+}
+
+func (c *countingApply) RecvApply(ctx context.Context, peer int, buf []byte, apply func(Header) func(off int, p []byte)) (Header, []byte, error) {
+	return c.counting.recvApply(ctx, c.apply, peer, buf, apply)
+}
+
+func (c *countingDirectApply) RecvApply(ctx context.Context, peer int, buf []byte, apply func(Header) func(off int, p []byte)) (Header, []byte, error) {
+	return c.counting.recvApply(ctx, c.apply, peer, buf, apply)
+}
+
+func (c *counting) recvApply(ctx context.Context, a ApplyReceiver, peer int, buf []byte, apply func(Header) func(off int, p []byte)) (Header, []byte, error) {
+	h, p, err := a.RecvApply(ctx, peer, buf, apply)
+	if err == nil {
+		c.counts.recv[opIndex(h.Op)].Add(uint64(HeaderSize) + uint64(h.Length))
 	}
 	return h, p, err
 }

@@ -23,9 +23,14 @@ func (r *Ring) dispatch() {
 		var h Header
 		var p []byte
 		var err error
-		if r.direct != nil {
+		switch {
+		case r.apply != nil:
+			r.land.applied = false
+			h, p, err = r.apply.RecvApply(r.ctx, r.prev, b, r.applyDest)
+			r.endLanding()
+		case r.direct != nil:
 			h, p, err = r.direct.RecvInto(r.ctx, r.prev, b, r.directDest)
-		} else {
+		default:
 			h, p, err = r.t.Recv(r.ctx, r.prev, b)
 		}
 		if err != nil {
@@ -39,7 +44,7 @@ func (r *Ring) dispatch() {
 		if h.Kind == KindAbort {
 			r.forwardAbort(h, p)
 		}
-		r.route(frame{h: h, buf: b, p: p})
+		r.route(frame{h: h, buf: b, p: p, applied: r.land.applied})
 	}
 }
 
@@ -91,6 +96,70 @@ func (r *Ring) directDest(h Header) []byte {
 	return nil
 }
 
+// applyDest returns the function that combines a data frame's payload, part by part, into
+// the running call's buffer at the exact piece the schedule expects for (step, piece), for an
+// ApplyReceiver to call straight from its memory; nil to receive the frame into a pool
+// buffer as usual. Only the frame the call expects next is applied (frames keep their order,
+// so anything else is a protocol error, or the next call with the same explicit tag, which
+// must not touch this call's buffer), and check still vets it when the call takes it. Reduce
+// steps need no gate: the region a reduce-scatter step receives is sent only in the next
+// step, after the call has taken this frame; copy steps are gated as in directDest.
+func (r *Ring) applyDest(h Header) func(off int, p []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.mu.active[h.Tag]
+	if c == nil || c.ended || c.err != nil || h.DType != c.wire || h.Op != c.op || int(h.Src) != r.prev {
+		return nil
+	}
+	s := &c.sched
+	before := 0 // frames of the recv spans before si
+	for si, sp := range s.recv {
+		if sp.step != h.Step {
+			before += pieces(sp.hi-sp.lo, s.chunk)
+			continue
+		}
+		if before+int(h.Piece) != c.routed {
+			return nil
+		}
+		if si >= s.reduceSteps && s.gateStep >= 0 && si >= s.gateStep && c.sent < s.gateFrames {
+			return nil
+		}
+		if int(h.Piece) >= pieces(sp.hi-sp.lo, s.chunk) {
+			return nil
+		}
+		lo, hi := pieceBounds(sp, int(h.Piece), s.chunk)
+		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > len(c.buf) ||
+			uint64(h.Length) != uint64(h.Count)*uint64(c.wire.Bytes()) {
+			return nil
+		}
+		r.land.mu.Lock()
+		r.land.c, r.land.dst, r.land.wire, r.land.reduce, r.land.red = c, c.buf[lo:hi], c.wire, si < s.reduceSteps, c.red
+		r.land.mu.Unlock()
+		r.land.applied = true
+		return r.landFn
+	}
+	return nil
+}
+
+// landPart combines one part of the frame being applied into its call's buffer, unless the
+// call has finished meanwhile.
+func (r *Ring) landPart(off int, p []byte) {
+	l := &r.land
+	l.mu.Lock()
+	if l.c != nil {
+		wb := l.wire.Bytes()
+		combine(l.dst[off/wb:(off+len(p))/wb], p, l.wire, l.reduce, l.red)
+	}
+	l.mu.Unlock()
+}
+
+// endLanding forgets the frame applied in place, if any.
+func (r *Ring) endLanding() {
+	r.land.mu.Lock()
+	r.land.c, r.land.dst = nil, nil
+	r.land.mu.Unlock()
+}
+
 // route hands a frame to its call.
 func (r *Ring) route(f frame) {
 	r.mu.Lock()
@@ -113,6 +182,7 @@ func (r *Ring) route(f frame) {
 	if c := r.mu.active[tag]; c != nil {
 		// At most recvBuffers frames exist and the inbox holds that many: this never blocks.
 		c.inbox <- f
+		c.routed++
 		return
 	}
 	if tag >= MaxUserTag && tag-MaxUserTag < r.mu.seq {

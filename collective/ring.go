@@ -72,6 +72,16 @@ type Ring struct {
 	ctrl chan abortMsg // aborts for the sender to send, ahead of data
 	// direct is t as a DirectReceiver, if it is one (copy frames then land in place).
 	direct DirectReceiver
+	// apply is t as an ApplyReceiver, if it is one: then frames of both halves are reduced
+	// or copied into the call's buffer straight from the transport's memory (applyDest),
+	// and direct is not used.
+	apply ApplyReceiver
+	// land is the frame the dispatcher is applying, if any. Its mutex is held while a part is
+	// applied, so finish, by clearing c under it, knows that nothing writes into the call's
+	// buffer after it returns, even if the frame is still arriving (the caller owns its
+	// buffer again once the call returns). landFn is landPart, bound once.
+	land   landing
+	landFn func(off int, p []byte)
 	// aborts counts aborts queued but not yet handed to the transport; Close waits for them
 	// (briefly), so a rank that fails and exits still tells its successor why.
 	aborts atomic.Int32
@@ -115,11 +125,24 @@ const (
 )
 
 // frame is a received frame: its header, the pooled buffer it was read into, and its payload
-// (a prefix of buf, or wherever the transport put it within buf).
+// (a prefix of buf, or wherever the transport put it within buf). applied: the payload was
+// already combined into the call's buffer by the dispatcher (ApplyReceiver) and p is nil.
 type frame struct {
-	h   Header
-	buf []byte
-	p   []byte
+	h       Header
+	buf     []byte
+	p       []byte
+	applied bool
+}
+
+// landing is the state of the frame the dispatcher applies in place (see Ring.land).
+type landing struct {
+	mu      sync.Mutex
+	c       *call // nil: no frame, or its call has finished and the rest must be dropped
+	dst     []float32
+	wire    half.Format
+	reduce  bool
+	red     Op
+	applied bool // the frame in hand was given to landPart (dispatcher only)
 }
 
 // abortMsg is an abort frame waiting to be sent. For KindAbort frames Header.Step carries the
@@ -163,6 +186,8 @@ func NewRing(t Transport, cfg Config) (*Ring, error) {
 	}
 	r.prevAddr, r.nextAddr = t.Addr(r.prev), t.Addr(r.next)
 	r.direct, _ = t.(DirectReceiver)
+	r.apply, _ = t.(ApplyReceiver)
+	r.landFn = r.landPart
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.mu.active = make(map[uint64]*call)
 	r.mu.dead = make(map[uint64]uint64)
@@ -350,6 +375,7 @@ func (r *Ring) run(ctx context.Context, op uint8, buf []float32, shards Shards, 
 	for _, f := range r.mu.pending {
 		if f.h.Tag == tag {
 			c.inbox <- f
+			c.routed++
 		} else {
 			kept = append(kept, f)
 		}
@@ -399,6 +425,13 @@ func (r *Ring) finish(c *call, err error) error {
 		r.mu.Lock()
 	}
 	c.cancel()
+	// A frame still being applied into c's buffer must stop writing there: the caller owns
+	// the buffer again once this returns.
+	r.land.mu.Lock()
+	if r.land.c == c {
+		r.land.c = nil
+	}
+	r.land.mu.Unlock()
 	delete(r.mu.active, c.tag)
 	for i, x := range r.mu.calls {
 		if x == c {

@@ -13,13 +13,18 @@
 // copies the payload from the caller's buffer into the ring and publishes head every 64 KiB,
 // so the receiver copies out while the rest goes in; a frame larger than the ring streams
 // through it. The receiver copies straight into the caller's buffer, or through
-// collective.DirectReceiver (RecvInto) into the Ring's destination: one copy on each side,
-// no intermediate buffer. Only the rings actually used are touched (the ring algorithms use
+// collective.DirectReceiver (RecvInto) into the Ring's destination, or, through
+// collective.ApplyReceiver (RecvApply), hands the payload where it lies in the ring, part by
+// part, to a function that reduces or copies it into the destination before the part's room
+// is given back: one copy on the sending side, none but the reduction's own pass on the
+// receiving side. Only the rings actually used are touched (the ring algorithms use
 // one per rank); the sender fallocates its slot on first use, so a full tmpfs is an error
 // naming --shm-size rather than a SIGBUS.
 //
 // Waiting. A Send waiting for room or a Recv waiting for data polls the counter for
-// Config.Spin, yielding the processor between polls, then sets its waiting flag and the
+// Config.Spin (not at all where the group has more ranks than the host has processors: the
+// peer a spinner waits for is then usually the one it keeps off the processor), yielding
+// the processor between polls, then sets its waiting flag and the
 // counter value it needs and sleeps on a futex word in the control page (FUTEX_WAIT, shared,
 // not private) with a Config.PollInterval timeout. The other side issues FUTEX_WAKE only
 // when the flag is set and the counter has reached the value wanted, so a busy ring makes no
