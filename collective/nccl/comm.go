@@ -242,16 +242,15 @@ func (c *Comm) issue(ctx context.Context, call string, r int32) error {
 }
 
 // sync waits, within ctx, for the stream to finish, watching for NCCL's asynchronous errors
-// (a peer that failed) meanwhile.
+// (a peer that failed) meanwhile and once more when it has: a collective that gave up on a
+// failed peer may let the stream finish with its outputs unwritten.
 func (c *Comm) sync(ctx context.Context) error {
 	return poll(ctx, func() (bool, error) {
 		err := c.stream.Query()
-		if err == nil {
-			return true, nil
-		}
-		if err != cu.NotReady {
+		if err != nil && err != cu.NotReady {
 			return false, fmt.Errorf("CUDA stream of GPU %d: %w", c.device, err)
 		}
+		idle := err == nil
 		st, err := c.state()
 		switch {
 		case err != nil:
@@ -259,7 +258,7 @@ func (c *Comm) sync(ctx context.Context) error {
 		case st != ncclSuccess && st != ncclInProgress:
 			return false, c.lib.resultErr("NCCL (asynchronous error)", st, c.comm)
 		}
-		return false, nil
+		return idle, nil
 	})
 }
 

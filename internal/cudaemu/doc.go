@@ -13,13 +13,19 @@
 //	                    collective/nccl call (symbols.txt lists every one the binary links;
 //	                    the rest are stubs that name themselves), the block executor (exec.cc)
 //	libcublas/          cublasCreate/Destroy/SetStream/SetMathMode/GemmEx/Sgemm on OpenBLAS
-//	Makefile            builds libcuda.so.1 and libcublas.so.13 into build/cudaemu
+//	libnccl/            the NCCL calls collective/nccl binds, between the ranks of a
+//	                    communicator (goroutines on the emulated devices, or processes) over
+//	                    a POSIX shared-memory segment named in the unique id, queued on the
+//	                    caller's stream (cudaemu_enqueue) and reduced in a fixed rank order
+//	Makefile            builds libcuda.so.1, libcublas.so.13 and libnccl.so.2 into build/cudaemu
 //
-// Use: make -C internal/cudaemu, then run with LD_LIBRARY_PATH=build/cudaemu and
-// QVD_CUBLAS_LIBRARY=build/cudaemu/libcublas.so.13 (scripts/gpu/emulate.sh does all of it).
-// The emulator's knobs are environment variables read by the C++ library (QVD_CUDAEMU_*:
-// DEVICES, SMS, MEMORY_MIB, FILL, DELAY_US, SYNC, QUIET, COVERAGE, GEMM; see
-// libcuda/driver.cc and libcublas/cublas.cc).
+// Use: make -C internal/cudaemu, then run with LD_LIBRARY_PATH=build/cudaemu,
+// QVD_CUBLAS_LIBRARY=build/cudaemu/libcublas.so.13 and
+// QVD_NCCL_LIBRARY=build/cudaemu/libnccl.so.2 (scripts/gpu/emulate.sh does all of it); a
+// group of N ranks in one process needs QVD_CUDAEMU_DEVICES=N. The emulator's knobs are
+// environment variables read by the C++ libraries (QVD_CUDAEMU_*: DEVICES, SMS, MEMORY_MIB,
+// FILL, DELAY_US, SYNC, QUIET, COVERAGE, GEMM, NCCL_SLOT_KIB; see libcuda/driver.cc,
+// libcublas/cublas.cc and libnccl/nccl.cc).
 //
 // This package is plain Go (purego, through internal/dynlib) and builds everywhere; Open
 // fails with ErrNotEmulated in a process whose libcuda.so.1 is NVIDIA's.

@@ -239,6 +239,7 @@ void worker(std::shared_ptr<Stream> s) {
                 detail("%s", msg.c_str());
             }
         }
+        op.fn = nullptr; // what it holds (cudaemu_enqueue's argument) goes before the op counts as done
         {
             std::lock_guard<std::mutex> l(s->mu);
             s->q.pop_front();
@@ -1662,16 +1663,20 @@ API CUresult cuLaunchKernel(CUfunction h, unsigned gx, unsigned gy, unsigned gz,
 // ---- For the emulated cuBLAS and NCCL, and for tests.
 
 // cudaemu_enqueue runs fn(arg) in order on stream h of the current context; a non-zero
-// CUresult from fn, with msg, becomes the context's sticky error. del(arg) runs after fn.
+// CUresult from fn, with msg, becomes the context's sticky error. del(arg) runs once the
+// operation is over, before it counts as complete, also when a sticky error skipped fn. On a
+// non-zero return nothing was queued and del was not called.
 API int cudaemu_enqueue(CUstream h, int (*fn)(void *arg, char *msg, size_t n), void *arg, void (*del)(void *)) {
     Ctx *c;
     if (CUresult r = ready(&c)) return r;
     auto s = resolve(h);
     if (!s) return CUDA_ERROR_INVALID_HANDLE;
-    enqueue(s, [fn, arg, del](std::string &msg) {
+    std::shared_ptr<void> owned(arg, [del](void *p) {
+        if (del) del(p);
+    });
+    enqueue(s, [fn, owned](std::string &msg) {
         char buf[1024] = "";
-        int r = fn(arg, buf, sizeof buf);
-        if (del) del(arg);
+        int r = fn(owned.get(), buf, sizeof buf);
         msg = buf;
         return (CUresult)r;
     });
