@@ -13,6 +13,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-full}
+# Like scripts/cuda-build.sh: without the CUDA headers it says so and exits 0, unless
+# QVD_REQUIRE_CUDA=1 (CI), when that is a failure.
+missing_tools=""
+[ -f /usr/include/cuda.h ] || missing_tools+=" the CUDA headers (/usr/include/cuda.h)"
+command -v g++ >/dev/null || missing_tools+=" g++"
+compgen -G "/usr/lib/*/libopenblas.so" >/dev/null || missing_tools+=" OpenBLAS (libopenblas-dev)"
+if [ -n "$missing_tools" ]; then
+  if [ "${QVD_REQUIRE_CUDA:-0}" = 1 ]; then
+    echo "emulate: missing$missing_tools: run scripts/setup.sh --cuda" >&2
+    exit 1
+  fi
+  echo "emulate: SKIPPED the emulated CUDA run: missing$missing_tools (scripts/setup.sh --cuda installs them)"
+  exit 0
+fi
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 emu=$PWD/build/cudaemu
 log=$emu/logs
