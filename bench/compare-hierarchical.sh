@@ -35,13 +35,17 @@ run() {
     ns=$a; [ "$r" = 1 ] && ns=$b
     ip netns exec "$ns" unshare --ipc --mount sh -c "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec bin/qvd bench allreduce \
       --nnodes 2 --node-rank $r --nproc $nproc --master-addr 10.78.0.1 --master-port 29500 --transport $1 --sizes $size --iters ${ITERS:-10}" \
-      >"/tmp/qvdh-$$-$r.log" 2>&1 &
+      >"/tmp/qvdh-$$-$r.log" 2>"/tmp/qvdh-$$-$r.err" &
     pids+=($!)
   done
-  wait "${pids[@]}" || { tail -20 "/tmp/qvdh-$$-0.log" "/tmp/qvdh-$$-1.log" >&2; return 1; }
+  # stderr (the workers' logs) apart: a log line "[rank 0] 13:27:55 WARN ..." would pass
+  # for a data line.
+  local ok=1 p
+  for p in "${pids[@]}"; do wait "$p" || ok=0; done
+  ((ok)) || { tail -20 /tmp/qvdh-$$-*.log /tmp/qvdh-$$-*.err >&2; return 1; }
   grep -q "hierarchical\|tcp transport" "/tmp/qvdh-$$-0.log"
   awk '/^\[rank 0\] +[0-9]/ { if ($NF != 0) { print "wrong-result"; exit 1 } print $(NF-1) }' "/tmp/qvdh-$$-0.log"
-  rm -f "/tmp/qvdh-$$-0.log" "/tmp/qvdh-$$-1.log"
+  rm -f /tmp/qvdh-$$-*.log /tmp/qvdh-$$-*.err
 }
 declare -A res
 for _ in $(seq "$rounds"); do

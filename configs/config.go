@@ -41,6 +41,13 @@ type Config struct {
 	Checkpoint checkpoint.Config      `yaml:"checkpoint" json:"checkpoint"`
 	Zero       zero.Config            `yaml:"zero_optimization" json:"zero_optimization"`
 	Freeze     model.FreezeConfig     `yaml:"freeze" json:"freeze"`
+	// InitFrom, InitMap and InitStrict initialise the weights from a safetensors file
+	// (pretrained weights, another run's model.safetensors, a PyTorch state_dict) after the
+	// random initialisation: see model.InitConfig. Top-level keys init_from, init_map
+	// (a list of {from: REGEX, to: REPLACEMENT} renames applied in order) and init_strict.
+	InitFrom   string         `yaml:"init_from" json:"init_from,omitempty"`
+	InitMap    []model.Rename `yaml:"init_map" json:"init_map,omitempty"`
+	InitStrict bool           `yaml:"init_strict" json:"init_strict"`
 	// Cluster tunes gossip and rendezvous for multi-node jobs. node_name, bind and advertise
 	// are per node: a worker takes them from its own flags, never from the job's config.
 	Cluster    cluster.Config    `yaml:"cluster" json:"cluster"`
@@ -96,6 +103,7 @@ func Default() Config {
 		Scheduler:  trainer.DefaultScheduleConfig(),
 		FP16:       trainer.DefaultScalerConfig(),
 		Checkpoint: checkpoint.DefaultConfig(),
+		InitStrict: model.DefaultInitConfig().Strict,
 		Cluster:    clusterDefaults(),
 		Collective: collective.DefaultConfig(),
 		Zero:       zero.DefaultConfig(),
@@ -139,6 +147,9 @@ func (c *Config) Validate() error {
 	add("checkpoint", c.Checkpoint.Validate())
 	add("zero_optimization", c.Zero.Validate())
 	add("freeze", c.Freeze.Validate())
+	if err := c.Init().Validate(); err != nil {
+		errs = append(errs, err) // its errors name the top-level key
+	}
 	cc := c.Cluster
 	if cc.NodeName == "" {
 		cc.NodeName = "placeholder" // generated per process at start
@@ -187,6 +198,11 @@ func (c *Config) Resolve() {
 	m := c.Monitors()
 	m.Resolve(c.Run.Out)
 	c.TensorBoard, c.CSVMonitor = m.TensorBoard, m.CSV
+}
+
+// Init is the weight initialisation from a file (init_from, init_map, init_strict).
+func (c *Config) Init() model.InitConfig {
+	return model.InitConfig{From: c.InitFrom, Map: c.InitMap, Strict: c.InitStrict}
 }
 
 // Monitors is the TensorBoard and CSV monitors' configuration.

@@ -1,8 +1,19 @@
-// Package data loads Fashion-MNIST (or MNIST) from its IDX files, decides which samples each
-// rank trains on, and fills caller-owned batches with normalised pixels.
+// Package data opens a labelled image dataset, decides which samples each rank trains on, and
+// fills caller-owned batches with normalised (and, for training, augmented) pixels.
 //
 // What it owns:
 //
+//   - Formats (Config.Format): idx, Fashion-MNIST or MNIST's IDX files (below); image-folder,
+//     PNG and JPEG files under train/CLASS/ and test/CLASS/ (folder.go), listed at Open and
+//     decoded, converted and resized only when a batch needs them, so the images are never
+//     all in memory; safetensors, images and labels tensors (safetensors.go). A Dataset
+//     reports its sample shape and classes (Shape, Describe), which size the model.
+//   - Bad samples: an image-folder file that cannot be decoded fails the fill naming it
+//     (data.on_error: fail) or is skipped, its row taking the next readable sample so every
+//     rank agrees, reported once through Options.Warn and counted by Skipped.
+//   - Augmentation (augment.go): FillAugmented crops and flips training samples as drawn from
+//     (seed, epoch, sample index), so it does not depend on the rank, the world size or a
+//     resume.
 //   - Reading: Load reads the four standard IDX files from a directory (gzip or raw) into a
 //     Dataset that keeps pixels as uint8, four times smaller than float32; normalisation happens
 //     when a batch is filled. Files are checked, not trusted: a bad magic, a truncated or
@@ -28,11 +39,12 @@
 // (sized by the header, or by a gzip trailer that agrees with it); with a subset only the
 // subset's pixels are ever held. Nothing converts a split to float32: only the batches are.
 //
-// The trainer calls Load once at startup, Permutation once per epoch, and per micro-batch
-// either MicroBatch and Fill or, with data.prefetch > 0, a Prefetcher's Next over the rest of
+// The trainer calls Open (or Load) once at startup, Permutation once per epoch, and per micro-batch
+// either MicroBatch and FillAugmented or, with data.prefetch > 0, a Prefetcher's Next over the rest of
 // the epoch; FillRange during evaluation.
 //
-// Concurrency: a Dataset is read-only after Load, so any number of goroutines may Fill from
+// Concurrency: a Dataset is read-only after Load (but for its log of skipped files, which a
+// mutex guards), so any number of goroutines may Fill from
 // one Dataset at once as long as each fills its own Batch. Permutation, MicroBatch and
 // StepsPerEpoch are pure functions. A Prefetcher belongs to one consumer goroutine.
 package data

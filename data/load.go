@@ -1,12 +1,16 @@
 package data
 
 import (
+	"bufio"
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 )
 
 // NumClasses is the number of label classes of both MNIST and Fashion-MNIST.
@@ -20,28 +24,197 @@ const (
 	TestLabelsFile  = "t10k-labels-idx1-ubyte"
 )
 
-// Dataset is one split held in memory. It is read-only after Load.
+// Dataset is one split. It is read-only after Load, but for its count of skipped files.
 type Dataset struct {
-	Name       string  // Config.Dataset it was loaded as
-	N, C, H, W int     // samples, channels (1), rows, columns
-	Classes    int     // number of label classes (10)
-	Images     []uint8 // N*C*H*W pixels, row-major, sample after sample
+	Name       string // Config.Dataset it was loaded as
+	N, C, H, W int    // samples, channels, rows, columns
+	Classes    int    // number of label classes
+	// ClassNames are the classes in label order where the data names them (image-folder:
+	// the class folders); nil otherwise.
+	ClassNames []string
+	// Images holds N*C*H*W pixels, planar per sample, sample after sample (idx, safetensors
+	// U8); nil when samples are read from their files as batches need them (image-folder)
+	// or held as float32 (safetensors F32).
+	Images []uint8
 	// Mapped is the file Images is a read-only mapping of ("" when they were read into
 	// memory): the IDX file, or its decompressed copy in the cache (see mapped.go).
 	Mapped string
 	Labels []uint8 // N labels, each < Classes
+
+	floats []float32     // safetensors F32 images, N*C*H*W on the [0, 1] scale
+	src    source        // reads samples that are not in memory (image-folder)
+	aug    AugmentConfig // the training split's augmentation (FillAugmented)
+	skips  *skipLog      // files skipped, shared by the splits of one Load
+	fail   bool          // data.on_error: fail
+}
+
+// source reads samples that are not held in memory. Implementations are safe for concurrent
+// use, since fills of different batches may run at once.
+type source interface {
+	// read writes sample i's C*H*W bytes, planar, into dst.
+	read(i int, dst []uint8) error
+	// name is sample i's file, for messages.
+	name(i int) string
 }
 
 // SampleSize is the number of values in one sample: C*H*W.
 func (d *Dataset) SampleSize() int { return d.C * d.H * d.W }
 
-// Load reads the training and test splits named by cfg. A missing file is an error naming it,
-// with a hint on how to install the dataset, for which errors.Is(err, fs.ErrNotExist) holds;
-// bad content is an error wrapping ErrCorrupt.
+// Shape is what the model needs to know of the data: the sample shape and the class count.
+type Shape struct {
+	C, H, W int
+	Classes int
+}
+
+// Input is the sample shape as [C, H, W].
+func (s Shape) Input() []int { return []int{s.C, s.H, s.W} }
+
+// Shape is the dataset's sample shape and class count.
+func (d *Dataset) Shape() Shape { return Shape{C: d.C, H: d.H, W: d.W, Classes: d.Classes} }
+
+// Options are the caller's hooks into loading; the zero value has none.
+type Options struct {
+	// Warn, when set, is called once for every file skipped under data.on_error: skip,
+	// with the error naming it, from whichever goroutine fills the batch.
+	Warn func(err error)
+}
+
+// Load reads the training and test splits named by cfg (Open without options). A missing
+// file is an error naming it, with a hint on how to install the dataset, for which
+// errors.Is(err, fs.ErrNotExist) holds; bad content is an error wrapping ErrCorrupt.
 func Load(cfg Config) (train, test *Dataset, err error) {
+	return Open(cfg, Options{})
+}
+
+// Open opens the training and test splits named by cfg, in cfg.Format. Format idx reads or
+// maps the IDX files; image-folder lists the files and decodes each sample when a batch needs
+// it; safetensors maps (U8) or reads (F32) the images. The training split carries
+// cfg.Augment for FillAugmented.
+func Open(cfg Config, opts Options) (train, test *Dataset, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("data: invalid config: %w", err)
 	}
+	skips := &skipLog{warn: opts.Warn}
+	switch cfg.Format {
+	case FormatImageFolder:
+		train, test, err = loadFolder(cfg, skips)
+	case FormatSafetensors:
+		train, test, err = loadSafetensors(cfg)
+	default:
+		train, test, err = loadIDX(cfg)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if test.C != train.C || test.H != train.H || test.W != train.W {
+		return nil, nil, fmt.Errorf("data: %w: test samples are %dx%dx%d but training samples are %dx%dx%d", ErrCorrupt, test.C, test.H, test.W, train.C, train.H, train.W)
+	}
+	if _, err := cfg.Norm(train.C); err != nil {
+		return nil, nil, err
+	}
+	for _, d := range []*Dataset{train, test} {
+		d.skips, d.fail = skips, cfg.OnError == OnErrorFail
+	}
+	train.aug = cfg.Augment
+	return train, test, nil
+}
+
+// Describe returns the sample shape and class count of the data cfg names, reading as
+// little as it can (headers and file lists), for callers that size a model without training
+// it.
+func Describe(cfg Config) (Shape, error) {
+	if err := cfg.Validate(); err != nil {
+		return Shape{}, fmt.Errorf("data: invalid config: %w", err)
+	}
+	switch cfg.Format {
+	case FormatImageFolder:
+		classes, err := folderClasses(cfg.Path)
+		if err != nil {
+			return Shape{}, fmt.Errorf("data: %w", err)
+		}
+		files, err := listFolder(cfg.Path, SplitTrain, classes)
+		if err != nil {
+			return Shape{}, fmt.Errorf("data: train: %w", err)
+		}
+		c, h, w, err := folderShape(cfg, files[0].path)
+		if err != nil {
+			return Shape{}, fmt.Errorf("data: %w", err)
+		}
+		return Shape{C: c, H: h, W: w, Classes: len(classes)}, nil
+	case FormatSafetensors:
+		return describeSafetensors(cfg)
+	}
+	path := locate(cfg.Path, TrainImagesFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return Shape{}, fmt.Errorf("data: train images: %w", withHint(err, cfg))
+	}
+	defer f.Close()
+	var src io.Reader = bufio.NewReader(f)
+	if head, err := src.(*bufio.Reader).Peek(2); err == nil && head[0] == gzipMagic[0] && head[1] == gzipMagic[1] {
+		zr, err := gzip.NewReader(src)
+		if err != nil {
+			return Shape{}, fmt.Errorf("data: train images: read %s: %w", path, classify(err, "gzip header"))
+		}
+		defer zr.Close()
+		src = zr
+	}
+	dims, _, _, err := readHeader(src, MagicIDXImages)
+	if err != nil {
+		return Shape{}, fmt.Errorf("data: train images: read %s: %w", path, err)
+	}
+	return Shape{C: 1, H: dims[1], W: dims[2], Classes: NumClasses}, nil
+}
+
+// Skipped is the number of distinct files skipped so far under data.on_error: skip, over
+// both splits of the Load that made d.
+func (d *Dataset) Skipped() int {
+	if d.skips == nil {
+		return 0
+	}
+	return d.skips.count()
+}
+
+// skipLog records the samples that could not be read, so each is reported once and not read
+// again. Guarded by mu: the prefetcher and the evaluation fill concurrently.
+type skipLog struct {
+	warn func(error)
+	mu   sync.Mutex
+	bad  map[skipKey]bool
+}
+
+type skipKey struct {
+	d *Dataset
+	i int
+}
+
+func (l *skipLog) known(d *Dataset, i int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bad[skipKey{d, i}]
+}
+
+func (l *skipLog) add(d *Dataset, i int, err error) {
+	l.mu.Lock()
+	first := !l.bad[skipKey{d, i}]
+	if l.bad == nil {
+		l.bad = make(map[skipKey]bool)
+	}
+	l.bad[skipKey{d, i}] = true
+	l.mu.Unlock()
+	if first && l.warn != nil {
+		l.warn(err)
+	}
+}
+
+func (l *skipLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.bad)
+}
+
+// loadIDX reads format idx's two splits.
+func loadIDX(cfg Config) (train, test *Dataset, err error) {
 	train, err = loadSplit(cfg, "train", TrainImagesFile, TrainLabelsFile, cfg.TrainSubset, "train_subset")
 	if err != nil {
 		return nil, nil, err

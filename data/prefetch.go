@@ -25,6 +25,8 @@ var ErrPrefetcherClosed = errors.New("data: prefetch: prefetcher is closed")
 type Sequence struct {
 	Len     int
 	Indices func(k int) []int32
+	// Draw, when set, fills with FillAugmented at that draw (training); nil fills with Fill.
+	Draw *Draw
 }
 
 // Prefetcher fills the micro-batches of a Sequence ahead of their use: a producer goroutine
@@ -128,7 +130,7 @@ func (p *Prefetcher) produce(seq Sequence, stop <-chan struct{}) {
 		case <-stop:
 			return
 		}
-		err := p.d.Fill(b, seq.Indices(k), p.norm)
+		err := p.fill(b, seq, k)
 		if err != nil {
 			err = fmt.Errorf("micro-batch %d of the sequence: %w", k, err)
 		}
@@ -137,6 +139,14 @@ func (p *Prefetcher) produce(seq Sequence, stop <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// fill fills micro-batch k of seq into b.
+func (p *Prefetcher) fill(b *Batch, seq Sequence, k int) error {
+	if seq.Draw != nil {
+		return p.d.FillAugmented(b, seq.Indices(k), p.norm, *seq.Draw)
+	}
+	return p.d.Fill(b, seq.Indices(k), p.norm)
 }
 
 // Next returns the next micro-batch of the sequence. The batch stays valid, and unchanged,
@@ -157,7 +167,7 @@ func (p *Prefetcher) Next(ctx context.Context) (*Batch, error) {
 	}
 	if p.depth == 0 {
 		k := p.k
-		if err := p.d.Fill(p.only, p.seq.Indices(k), p.norm); err != nil {
+		if err := p.fill(p.only, p.seq, k); err != nil {
 			p.err = fmt.Errorf("data: prefetch: micro-batch %d of the sequence: %w", k, err)
 			return nil, p.err
 		}

@@ -19,6 +19,11 @@ type Config struct {
 	Hidden   []int  `yaml:"hidden" json:"hidden"`
 	Channels []int  `yaml:"channels" json:"channels"`
 	Kernel   int    `yaml:"kernel" json:"kernel"`
+	// Input and Classes, where set, declare the sample shape [C, H, W] and the class count
+	// the model is meant for; they come from the data, and a dataset that disagrees is an
+	// error naming both. Unset (the default), the model takes whatever the data has.
+	Input   []int `yaml:"input" json:"input,omitempty"`
+	Classes int   `yaml:"classes" json:"classes,omitempty"`
 	// ActivationCheckpointing trades compute for activation memory (Chen et al. 2016,
 	// "Training Deep Nets with Sublinear Memory Cost"). YAML `activation_checkpointing:`.
 	ActivationCheckpointing CheckpointingConfig `yaml:"activation_checkpointing" json:"activation_checkpointing"`
@@ -58,6 +63,12 @@ func (c Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("type: unknown model type %q (want %s or %s)", c.Type, TypeMLP, TypeCNN)
+	}
+	if len(c.Input) != 0 && (len(c.Input) != 3 || c.Input[0] < 1 || c.Input[1] < 1 || c.Input[2] < 1) {
+		return fmt.Errorf("input: must be [C, H, W] with positive sizes, or empty to take it from the data, got %v", c.Input)
+	}
+	if c.Classes != 0 && c.Classes < 2 {
+		return fmt.Errorf("classes: must be >= 2, or 0 to take it from the data, got %d", c.Classes)
 	}
 	for i, h := range c.Hidden {
 		if h < 1 || h > 1<<16 {

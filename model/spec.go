@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"slices"
 )
 
 // LayerKind is the operation a Layer performs.
@@ -64,6 +65,12 @@ func NewSpec(cfg Config, input []int, classes int) (*Spec, error) {
 	}
 	if classes < 2 {
 		return nil, fmt.Errorf("model: need at least 2 classes, got %d", classes)
+	}
+	if len(cfg.Input) != 0 && !slices.Equal(cfg.Input, input) {
+		return nil, fmt.Errorf("model: model.input %v does not match the data's sample shape %v: fix model.input, or remove it to take the data's", cfg.Input, input)
+	}
+	if cfg.Classes != 0 && cfg.Classes != classes {
+		return nil, fmt.Errorf("model: model.classes %d does not match the data's %d classes: fix model.classes, or remove it to take the data's", cfg.Classes, classes)
 	}
 	s := &Spec{Input: append([]int(nil), input...), Classes: classes}
 	shape := append([]int(nil), input...)

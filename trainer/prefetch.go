@@ -25,7 +25,7 @@ type prefetchState struct {
 func (t *Trainer) nextMicroBatch(cctx context.Context, j int) error {
 	m := t.cfg.MicroBatch
 	if t.prefetch.depth == 0 {
-		return t.train.Fill(t.batch, data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, m), t.norm)
+		return t.train.FillAugmented(t.batch, data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, m), t.norm, data.Draw{Seed: t.seed, Epoch: t.epoch})
 	}
 	p := &t.prefetch
 	pos := t.offset + j*t.world*m
@@ -67,6 +67,7 @@ func (t *Trainer) startPrefetch(j int) error {
 	seq := data.Sequence{
 		Len:     int(steps)*t.cfg.Accum - j,
 		Indices: func(k int) []int32 { return data.MicroBatch(perm, offset, j+k, world, rank, m) },
+		Draw:    &data.Draw{Seed: t.seed, Epoch: t.epoch}, // data.augment's randomness
 	}
 	if err := p.pf.Start(seq); err != nil {
 		return fmt.Errorf("starting the prefetch at step %d: %w", t.step+1, err)

@@ -59,6 +59,29 @@ type autoMicro struct {
 	budgetFrom        string // where the budget comes from: the device, memory.limit, the host or the cgroup
 }
 
+// dataShape is the model's input shape and class count for cfg: the data's (headers and file
+// lists only), or, where the data cannot be read, what model.input and model.classes
+// declare.
+func dataShape(cfg *configs.Config) ([]int, int, error) {
+	s, err := data.Describe(cfg.Data)
+	if err == nil {
+		return s.Input(), s.Classes, nil
+	}
+	if len(cfg.Model.Input) == 3 && cfg.Model.Classes > 0 {
+		return cfg.Model.Input, cfg.Model.Classes, nil
+	}
+	return nil, 0, fmt.Errorf("the model's input shape and classes come from the data (or from model.input and model.classes): %w", err)
+}
+
+// sampleSize is the number of values in one input sample of spec.
+func sampleSize(spec *model.Spec) int {
+	n := 1
+	for _, d := range spec.Input {
+		n *= d
+	}
+	return n
+}
+
 // budgetFor is the memory one worker may use when micro_batch is auto: the memory this
 // process can still have — the smaller of the machine's available memory and its memory
 // cgroup's limit less its working set (docker --memory, a SLURM job's allocation) — shared
@@ -90,7 +113,11 @@ func resolveAutoMicro(cfg *configs.Config, world int) (*autoMicro, error) {
 	case eff%world != 0:
 		return nil, fmt.Errorf("train.micro_batch: auto: train.effective_batch %d is not a multiple of the %d workers, so micro × accum × world cannot equal it", eff, world)
 	}
-	spec, err := model.NewSpec(cfg.Model, []int{1, 28, 28}, 10)
+	input, classes, err := dataShape(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("train.micro_batch: auto: %w", err)
+	}
+	spec, err := model.NewSpec(cfg.Model, input, classes)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
@@ -226,7 +253,7 @@ func deviceAfterStep(alloc *engine.Allocator, spec *model.Spec, layout *model.La
 		return 0, err
 	}
 	defer net.Close()
-	b := data.NewBatch(micro, 28*28)
+	b := data.NewBatch(micro, sampleSize(spec))
 	b.N = micro
 	if _, err := net.ForwardBackward(b, 1, model.FlatSink(make([]float32, layout.Trainable()))); err != nil {
 		return 0, err
@@ -253,7 +280,7 @@ func heapAfterStep(spec *model.Spec, layout *model.Layout, params, grads []float
 		return 0, err
 	}
 	defer net.Close()
-	b := data.NewBatch(micro, 28*28)
+	b := data.NewBatch(micro, sampleSize(spec))
 	b.N = micro
 	if _, err := net.ForwardBackward(b, 1, model.FlatSink(grads[layout.Frozen:])); err != nil {
 		return 0, err

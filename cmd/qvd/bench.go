@@ -75,8 +75,8 @@ type benchFlags struct {
 	iters, warmup int
 	chunk         int
 	nodes         nodeFlags // the launcher's; a worker binds nodes.host
-	serve         bool   // internal: run as one of the benchmark's workers
-	join          string // internal: the coordinator's gossip address (workers other than rank 0)
+	serve         bool      // internal: run as one of the benchmark's workers
+	join          string    // internal: the coordinator's gossip address (workers other than rank 0)
 	mf            memberFlags
 	cpuprofile    string
 }

@@ -80,6 +80,20 @@ func commands() []command {
 			about:    "Plots a run's metrics.jsonl (or its run directory) to a PNG.",
 			examples: []string{"qvd plot runs/mlp", "qvd plot runs/mlp/metrics.jsonl -o curves.png --csv metrics.csv"},
 			run:      noCtx(cmdPlot)},
+		{name: "eval", synopsis: "qvd eval [-c CONFIG] --checkpoint RUN_DIR|CHECKPOINT_DIR|MODEL.safetensors [--data DIR] [--json FILE]",
+			about: "Evaluates trained weights on the config's test set: prints accuracy, loss and the confusion\n" +
+				"matrix (rows: true class), and with --json writes them as JSON. A run directory means its\n" +
+				"newest checkpoint that verifies, as --resume auto picks it.",
+			examples: []string{"qvd eval -c fashion-mlp --checkpoint runs/mlp",
+				"qvd eval -c fashion-cnn --checkpoint runs/cnn/checkpoints/step-00009380 --json eval.json"},
+			run: noCtx(cmdEval)},
+		{name: "predict", synopsis: "qvd predict [-c CONFIG] --checkpoint PATH [--top-k K] [--json] IMAGE...",
+			about: "Prints the most probable classes, with their softmax probabilities, for PNG or JPEG images:\n" +
+				"converted to the model's channels (grey or RGB), resized bilinearly to its input size and\n" +
+				"normalised as in training. PATH is what qvd eval's --checkpoint takes.",
+			examples: []string{"qvd predict -c fashion-mlp --checkpoint runs/mlp shoe.png",
+				"qvd predict -c fashion-cnn --checkpoint runs/cnn --top-k 5 --json a.png b.jpg"},
+			run: noCtx(cmdPredict)},
 		{name: "dashboard", synopsis: "qvd dashboard METRICS.jsonl|RUN_DIR|PEER [--addr HOST:PORT] [--peer PEER]",
 			about: "Serves a live web page of a run's metrics.jsonl: loss, test accuracy, throughput, memory\n" +
 				"by category with the phase peaks, memory per rank, the cluster's members and recent events\n" +
@@ -227,7 +241,7 @@ var placeholders = map[string]string{
 	"o": "PNG", "csv": "FILE", "title": "TITLE", "cpuprofile": "FILE", "sizes": "SIZES", "memory": "BYTES",
 	"activation-bytes": "BYTES", "params": "N", "log-level": "LEVEL", "precision": "fp32|fp16|bf16",
 	"dtype": "fp32|fp16|bf16", "transport": "auto|shm|tcp|grpc|nccl", "device": "DEVICE", "engine": "ENGINE",
-	"offload": "none|cpu", "optimizer": "NAME",
+	"offload": "none|cpu", "optimizer": "NAME", "checkpoint": "PATH", "json": "FILE",
 }
 
 // printFlags prints fs's visible flags as flag.PrintDefaults lays them out, but without its

@@ -72,8 +72,11 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail("%v", err)
 		}
-		// The shipped datasets are 28×28 grey images in 10 classes (Fashion-MNIST).
-		if spec, err = model.NewSpec(cfg.Model, []int{1, 28, 28}, 10); err != nil {
+		input, classes, err := dataShape(&cfg)
+		if err != nil {
+			return fail("%s: %v", *cfgName, err)
+		}
+		if spec, err = model.NewSpec(cfg.Model, input, classes); err != nil {
 			return fail("%s: %v", *cfgName, err)
 		}
 		in.elems, in.numParams = model.NewLayout(spec).Size, model.NewLayout(spec).NumParams()

@@ -48,6 +48,10 @@ Usage:
                                   per-rank memory of ZeRO stages 0-2; --recommend a micro-batch
                                   and accumulation for --memory and --effective-batch
   qvd plot METRICS [-o PNG]       plot a run's metrics.jsonl (or its run directory) to a PNG
+  qvd eval -c CONFIG --checkpoint PATH
+                                  test-set accuracy, loss and confusion matrix of trained weights
+  qvd predict -c CONFIG --checkpoint PATH IMAGE...
+                                  top-k classes of PNG/JPEG images
   qvd dashboard RUN_DIR [--addr HOST:PORT]
                                   serve a live web page of a run's curves, memory and events
   qvd config [-c CONFIG] [flags]  print the resolved configuration as YAML

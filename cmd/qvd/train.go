@@ -641,10 +641,19 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, fmt.Errorf("memory.%w", err)
 	}
 	defer mon.Close()
-	trainSet, testSet, err := data.Load(cfg.Data)
+	trainSet, testSet, err := data.Open(cfg.Data, data.Options{Warn: func(err error) { log.Warn("skipping a sample", zap.Error(err)) }})
 	if err != nil {
 		return trainer.Result{}, err
 	}
+	norm, err := cfg.Data.Norm(trainSet.C)
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	defer func() {
+		if n := trainSet.Skipped(); n > 0 {
+			log.Warn("samples skipped: their files could not be decoded (data.on_error: skip)", zap.Int("data_skipped", n))
+		}
+	}()
 	spec, err := model.NewSpec(cfg.Model, []int{trainSet.C, trainSet.H, trainSet.W}, trainSet.Classes)
 	if err != nil {
 		return trainer.Result{}, err
@@ -663,6 +672,9 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	defer pblock.Free()
 	model.Init(spec, layout, params, cfg.Run.Seed)
+	if err := j.initFrom(layout, params); err != nil {
+		return trainer.Result{}, err
+	}
 	eng, err := newEngine(cfg, spec, layout, params, j.rank, log)
 	if err != nil {
 		return trainer.Result{}, err
@@ -731,7 +743,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	setup := trainer.Setup{
 		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Zero: cfg.Zero, Checkpoint: cfg.Checkpoint,
-		Seed: cfg.Run.Seed, Model: eng.model, Pool: eng.pool, Train: trainSet, Test: testSet, Normalize: cfg.Data.Normalize,
+		Seed: cfg.Run.Seed, Model: eng.model, Pool: eng.pool, Train: trainSet, Test: testSet, Normalize: norm,
 		Resume: from, ConfigSnapshot: cfg, Metrics: sink, Logger: log, Comm: j.comm,
 	}
 	if j.line != nil {
