@@ -28,8 +28,9 @@ fi
 pkgs=(libopenblas-dev dataset-fashion-mnist gcc)
 # --cuda (what CI runs) also installs prometheus, for the end-to-end test of --metrics-addr,
 # and chromium, whose headless mode loads `qvd dashboard`'s page in internal/dashboard's test.
-# g++ compiles the emulated CUDA driver's kernels (scripts/gpu/emulate.sh, internal/cudaemu).
-if ((cuda)); then pkgs+=(prometheus chromium g++); fi
+# g++ compiles the emulated CUDA driver's kernels (scripts/gpu/emulate.sh, internal/cudaemu);
+# python3-torch is the other side of the PyTorch weight round trips (cmd/qvd TestTorchInterop).
+if ((cuda)); then pkgs+=(prometheus chromium g++ python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
