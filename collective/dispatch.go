@@ -29,7 +29,23 @@ func (r *Ring) dispatch() {
 			h, p, err = r.apply.RecvApply(r.ctx, r.prev, b, r.applyDest)
 			r.endLanding()
 		case r.direct != nil:
-			h, p, err = r.direct.RecvInto(r.ctx, r.prev, b, r.directDest)
+			h, p, err = r.direct.RecvInto(r.rctx, r.prev, b, r.directFn)
+			if r.endDirect() {
+				// The frame was being read into a call that has finished since (it failed:
+				// a call cannot succeed with a frame of its own still to come). Its data is
+				// that call's, so it is dropped, and a read cut short is not a broken link:
+				// the transport resumes or skips the rest of the frame (tcpnet, shmnet), and a
+				// connection that really broke reports it again on the next read.
+				r.putFree(b)
+				if r.ctx.Err() != nil {
+					return
+				}
+				if err == nil || errors.Is(err, context.Canceled) {
+					continue
+				}
+				r.breakLink(err)
+				return
+			}
 		default:
 			h, p, err = r.t.Recv(r.ctx, r.prev, b)
 		}
@@ -64,22 +80,29 @@ func (r *Ring) staleAbortErr(f frame) error {
 // without a copy, or nil to receive it into a pool buffer as usual. It only ever names a
 // region that nobody else touches until the call applies the frame: a copy step of a started
 // call (all-gather, the all-gather half of an all-reduce, broadcast), fp32 on the wire, with
-// the all-reduce's send gate passed (the region's reduce-scatter pieces have left).
+// the all-reduce's send gate passed (the region's reduce-scatter pieces have left). As in
+// applyDest, only the frame the call expects next lands there: a later call with the same
+// explicit tag must never write into this one's buffer. The read is recorded in r.land, so
+// that finish can stop it (unland) before the caller has its buffer back.
 func (r *Ring) directDest(h Header) []byte {
 	if h.DType != half.FP32 {
 		return nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := r.mu.active[h.Tag]
-	if c == nil || c.ended || c.err != nil || c.wire != half.FP32 || h.Op != c.op {
+	c := r.landingCallLocked(h)
+	if c == nil || c.wire != half.FP32 {
 		return nil
 	}
 	s := &c.sched
-	for si := s.reduceSteps; si < len(s.recv); si++ {
-		sp := s.recv[si]
+	before := 0 // frames of the recv spans before si
+	for si, sp := range s.recv {
 		if sp.step != h.Step {
+			before += pieces(sp.hi-sp.lo, s.chunk)
 			continue
+		}
+		if si < s.reduceSteps || before+int(h.Piece) != c.routed {
+			return nil
 		}
 		if s.gateStep >= 0 && si >= s.gateStep && c.sent < s.gateFrames {
 			return nil
@@ -88,12 +111,71 @@ func (r *Ring) directDest(h Header) []byte {
 			return nil
 		}
 		lo, hi := pieceBounds(sp, int(h.Piece), s.chunk)
-		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > len(c.buf) {
+		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > len(c.buf) || uint64(h.Length) != 4*uint64(h.Count) {
 			return nil
 		}
+		r.land.mu.Lock()
+		r.land.c, r.land.direct = c, true
+		r.land.gen++
+		r.land.mu.Unlock()
 		return f32Bytes(c.buf[lo:hi])
 	}
 	return nil
+}
+
+// landingCallLocked returns the running call a data frame may land in directly, if any: one
+// of its op, from the predecessor, that has neither ended nor failed, for a tag whose frames
+// route does not drop (under r.mu).
+func (r *Ring) landingCallLocked(h Header) *call {
+	c := r.mu.active[h.Tag]
+	if c == nil || c.ended || c.err != nil || h.DType != c.wire || h.Op != c.op || int(h.Src) != r.prev {
+		return nil
+	}
+	if _, dead := r.mu.dead[h.Tag]; dead && h.Tag < MaxUserTag {
+		return nil // stale: route drops it
+	}
+	return c
+}
+
+// endDirect ends the direct read in hand, if any, and reports whether its call finished
+// meanwhile (unland cut it: its context is then replaced).
+func (r *Ring) endDirect() (cut bool) {
+	l := &r.land
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.direct {
+		return false
+	}
+	cut = l.c == nil
+	l.c, l.direct = nil, false
+	if cut {
+		r.rctx, l.cut = context.WithCancel(r.ctx)
+	}
+	l.idle.Broadcast()
+	return cut
+}
+
+// unland makes sure nothing writes into c's buffer once it returns (c has ended, so no new
+// frame lands there). A frame being applied drops its remaining parts (landPart). A frame
+// being read straight into the buffer by a DirectReceiver cannot be stopped part-way, so the
+// read's context is cancelled and unland waits for RecvInto to return. That wait is bounded:
+// a Transport's Recv returns once its ctx ends, whether the predecessor is alive, dead or
+// stalled mid-frame; and it needs neither r.mu nor anything the caller holds.
+func (r *Ring) unland(c *call) {
+	l := &r.land
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c != c {
+		return
+	}
+	l.c, l.dst = nil, nil
+	if !l.direct {
+		return
+	}
+	l.cut()
+	for gen := l.gen; l.direct && l.gen == gen; {
+		l.idle.Wait()
+	}
 }
 
 // applyDest returns the function that combines a data frame's payload, part by part, into
@@ -107,8 +189,8 @@ func (r *Ring) directDest(h Header) []byte {
 func (r *Ring) applyDest(h Header) func(off int, p []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := r.mu.active[h.Tag]
-	if c == nil || c.ended || c.err != nil || h.DType != c.wire || h.Op != c.op || int(h.Src) != r.prev {
+	c := r.landingCallLocked(h)
+	if c == nil {
 		return nil
 	}
 	s := &c.sched

@@ -76,12 +76,19 @@ type Ring struct {
 	// or copied into the call's buffer straight from the transport's memory (applyDest),
 	// and direct is not used.
 	apply ApplyReceiver
-	// land is the frame the dispatcher is applying, if any. Its mutex is held while a part is
-	// applied, so finish, by clearing c under it, knows that nothing writes into the call's
-	// buffer after it returns, even if the frame is still arriving (the caller owns its
-	// buffer again once the call returns). landFn is landPart, bound once.
-	land   landing
-	landFn func(off int, p []byte)
+	// land is the frame the dispatcher is applying, or reading straight into a call's buffer,
+	// if any. Its mutex is held while a part is applied, so finish, by clearing c under it,
+	// knows that nothing writes into the call's buffer after it returns, even if the frame is
+	// still arriving (the caller owns its buffer again once the call returns). A direct read
+	// cannot be stopped between parts, so finish cuts it short (land.cut) and waits for
+	// RecvInto to return (see unland). landFn is landPart and directFn directDest, bound once.
+	land     landing
+	landFn   func(off int, p []byte)
+	directFn func(Header) []byte
+	// rctx is the context of the dispatcher's RecvInto: a child of ctx that finish cancels
+	// (land.cut) to stop a read into its call's buffer, and the dispatcher then replaces.
+	// Dispatcher only; land.cut is its cancel.
+	rctx context.Context
 	// aborts counts aborts queued but not yet handed to the transport; Close waits for them
 	// (briefly), so a rank that fails and exits still tells its successor why.
 	aborts atomic.Int32
@@ -134,7 +141,8 @@ type frame struct {
 	applied bool
 }
 
-// landing is the state of the frame the dispatcher applies in place (see Ring.land).
+// landing is the state of the frame the dispatcher applies in place, or reads straight into
+// a call's buffer (see Ring.land).
 type landing struct {
 	mu      sync.Mutex
 	c       *call // nil: no frame, or its call has finished and the rest must be dropped
@@ -143,6 +151,14 @@ type landing struct {
 	reduce  bool
 	red     Op
 	applied bool // the frame in hand was given to landPart (dispatcher only)
+
+	// direct: a RecvInto that directDest gave c's buffer has not returned yet. gen counts
+	// the direct reads, so unland waits for the one it cut and not a later one; idle is
+	// signalled (on mu) when one returns; cut cancels Ring.rctx.
+	direct bool
+	gen    uint64
+	idle   sync.Cond
+	cut    context.CancelFunc
 }
 
 // abortMsg is an abort frame waiting to be sent. For KindAbort frames Header.Step carries the
@@ -187,8 +203,10 @@ func NewRing(t Transport, cfg Config) (*Ring, error) {
 	r.prevAddr, r.nextAddr = t.Addr(r.prev), t.Addr(r.next)
 	r.direct, _ = t.(DirectReceiver)
 	r.apply, _ = t.(ApplyReceiver)
-	r.landFn = r.landPart
+	r.landFn, r.directFn = r.landPart, r.directDest
+	r.land.idle.L = &r.land.mu
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.rctx, r.land.cut = context.WithCancel(r.ctx)
 	r.mu.active = make(map[uint64]*call)
 	r.mu.dead = make(map[uint64]uint64)
 	r.mu.pending = make([]frame, 0, recvBuffers)
@@ -425,13 +443,11 @@ func (r *Ring) finish(c *call, err error) error {
 		r.mu.Lock()
 	}
 	c.cancel()
-	// A frame still being applied into c's buffer must stop writing there: the caller owns
-	// the buffer again once this returns.
-	r.land.mu.Lock()
-	if r.land.c == c {
-		r.land.c = nil
-	}
-	r.land.mu.Unlock()
+	// A frame still being applied or read into c's buffer must stop writing there: the caller
+	// owns the buffer again once this returns. c.ended keeps any later frame out of it.
+	r.mu.Unlock()
+	r.unland(c)
+	r.mu.Lock()
 	delete(r.mu.active, c.tag)
 	for i, x := range r.mu.calls {
 		if x == c {

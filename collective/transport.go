@@ -30,7 +30,11 @@ type Transport interface {
 // frame's header is read, dst(h) may name where its payload belongs — a slice of exactly
 // h.Length bytes — and the payload is read straight into it instead of into buf. The Ring uses
 // it to land all-gather and broadcast pieces in the caller's buffer without a copy. dst runs
-// on the receiving goroutine and must not block.
+// on the receiving goroutine and must not block. If ctx ends after dst named a destination,
+// RecvInto must stop writing there before it returns, and must leave the stream in step:
+// resume or skip the rest of the frame on the next call, not break the connection (the Ring
+// cancels a read into the buffer of a call that has ended, so that nothing writes into it
+// after the call returns).
 type DirectReceiver interface {
 	RecvInto(ctx context.Context, peer int, buf []byte, dst func(Header) []byte) (Header, []byte, error)
 }
