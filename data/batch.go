@@ -60,7 +60,7 @@ func (d *Dataset) fill(b *Batch, idx []int32, norm Normalize, at *Draw) error {
 		}
 	}
 	augment := at != nil && d.aug.Enabled()
-	if d.Images == nil || augment || len(norm.PerChannel) > 0 {
+	if d.Images == nil || augment || len(norm.PerChannel) > 0 || d.rows != nil {
 		return d.fillGeneral(b, idx, norm, at, augment)
 	}
 	lut := normTable(norm)
@@ -104,7 +104,7 @@ func (d *Dataset) fillGeneral(b *Batch, idx []int32, norm Normalize, at *Draw, a
 		i := int(i32)
 		dst := b.X[r*ss:][:ss]
 		if d.floats != nil {
-			src := d.floats[i*ss:][:ss]
+			src := d.floats[d.row(i)*ss:][:ss]
 			if augment {
 				apply(fx, src, d.C, d.H, d.W, d.aug.CropPadding, d.aug.draw(*at, i))
 				src = fx
@@ -120,7 +120,7 @@ func (d *Dataset) fillGeneral(b *Batch, idx []int32, norm Normalize, at *Draw, a
 		}
 		var src []uint8
 		if d.Images != nil {
-			src = d.Images[i*ss:][:ss]
+			src = d.Images[d.row(i)*ss:][:ss]
 		} else {
 			j, err := d.readGood(i, px)
 			if err != nil {
@@ -155,11 +155,11 @@ func (d *Dataset) readGood(i int, dst []uint8) (int, error) {
 		if d.skips != nil && d.skips.known(d, j) {
 			continue
 		}
-		err := d.src.read(j, dst)
+		err := d.src.read(d.row(j), dst)
 		if err == nil {
 			return j, nil
 		}
-		err = fmt.Errorf("data: sample %d (%s): %w", j, d.src.name(j), err)
+		err = fmt.Errorf("data: sample %d (%s): %w", j, d.src.name(d.row(j)), err)
 		if d.fail || d.skips == nil {
 			return 0, fmt.Errorf("%w (data.on_error: fail)", err)
 		}
@@ -178,7 +178,7 @@ func (d *Dataset) FillRange(b *Batch, start, count int, norm Normalize) error {
 	if start < 0 || count < 0 || start > d.N-count {
 		return fmt.Errorf("data: fill batch: samples [%d, %d) are outside [0, %d)", start, start+count, d.N)
 	}
-	if d.Images == nil || len(norm.PerChannel) > 0 {
+	if d.Images == nil || len(norm.PerChannel) > 0 || d.rows != nil {
 		if count > rangeStack {
 			idx := make([]int32, count)
 			for k := range idx {
@@ -216,7 +216,8 @@ func (d *Dataset) checkFill(b *Batch, rows int, norm Normalize) (int, error) {
 	ss := d.SampleSize()
 	switch {
 	case ss < 1 || d.N < 0 || d.C < 1 || d.C > MaxChannels || len(d.Labels) != d.N ||
-		(d.src == nil && d.floats == nil && len(d.Images) != d.N*ss) || (d.floats != nil && len(d.floats) != d.N*ss):
+		(d.src == nil && d.floats == nil && len(d.Images) != d.storedN()*ss) || (d.floats != nil && len(d.floats) != d.storedN()*ss) ||
+		(d.rows != nil && len(d.rows) != d.N):
 		return 0, fmt.Errorf("data: fill batch: inconsistent dataset: %d samples of %dx%dx%d with %d pixels and %d labels", d.N, d.C, d.H, d.W, len(d.Images), len(d.Labels))
 	case b.SampleSize != ss:
 		return 0, fmt.Errorf("data: fill batch: batch rows hold %d values, samples have %d", b.SampleSize, ss)

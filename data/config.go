@@ -83,6 +83,12 @@ type Config struct {
 	TrainSubset int `yaml:"train_subset" json:"train_subset"`
 	// TestSubset uses only the first N test samples (0 = all).
 	TestSubset int `yaml:"test_subset" json:"test_subset"`
+	// ValSplit holds this fraction of the training samples (after train_subset) out as a
+	// validation split, drawn by the run's seed (Options.Seed): never trained on, evaluated
+	// after every epoch, while the test split is then evaluated once, at the end (0 = no
+	// split). With format image-folder a val/CLASS/ folder next to train/ is the validation
+	// split instead, and val_split must stay 0.
+	ValSplit float64 `yaml:"val_split" json:"val_split,omitempty"`
 	// Cache is where gzip-compressed image files are decompressed once, so that every run and
 	// every rank on the host maps the same copy instead of holding its own in memory; ""
 	// (the default) is the user's cache directory ($XDG_CACHE_HOME/qvd/datasets), "none" reads
@@ -176,6 +182,9 @@ func (c Config) Validate() error {
 	}
 	if c.TestSubset < 0 {
 		return fmt.Errorf("test_subset: must be >= 0 (0 = all samples), got %d", c.TestSubset)
+	}
+	if !(c.ValSplit >= 0 && c.ValSplit < 1) {
+		return fmt.Errorf("val_split: must be in [0, 1) (the fraction of training samples held out; 0 = none), got %g", c.ValSplit)
 	}
 	if c.Prefetch < 0 || c.Prefetch > MaxPrefetch {
 		return fmt.Errorf("prefetch: must be in [0, %d] (0 = fill in the step), got %d", MaxPrefetch, c.Prefetch)

@@ -8,6 +8,11 @@
 //     decoded, converted and resized only when a batch needs them, so the images are never
 //     all in memory; safetensors, images and labels tensors (safetensors.go). A Dataset
 //     reports its sample shape and classes (Shape, Describe), which size the model.
+//   - Splits (split.go): OpenSplits also returns a validation split: the training samples
+//     data.val_split holds out (HoldOut, drawn by Options.Seed alone, so every rank and every
+//     resume holds out the same ones), or an image folder's val/. A held-out split and the
+//     training samples left share the loaded storage through a row map; only labels are
+//     copied. Count sizes the splits from headers and file lists, without loading them.
 //   - Bad samples: an image-folder file that cannot be decoded fails the fill naming it
 //     (data.on_error: fail) or is skipped, its row taking the next readable sample so every
 //     rank agrees, reported once through Options.Warn and counted by Skipped.

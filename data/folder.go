@@ -18,6 +18,7 @@ import (
 //
 //	PATH/train/CLASS/NAME.png|.jpg|.jpeg
 //	PATH/test/CLASS/...
+//	PATH/val/CLASS/...    (optional: the validation split)
 //
 // The classes are the sorted names of train/'s sub-directories, label 0 first; test/ must
 // have the same ones. Nothing but the file list is read at load: a sample is decoded when a
@@ -29,10 +30,12 @@ import (
 // samples (train_subset) mix the classes rather than taking the first classes whole. The
 // training order itself is Permutation's, over these indices, as for every format.
 
-// SplitTrain and SplitTest name the sub-directories of an image folder.
+// SplitTrain, SplitTest and SplitVal name the sub-directories of an image folder; val/ is
+// optional.
 const (
 	SplitTrain = "train"
 	SplitTest  = "test"
+	SplitVal   = "val"
 )
 
 // imageExts are the file name extensions an image folder's samples have (matched without
@@ -175,24 +178,33 @@ func folderShape(cfg Config, first string) (c, h, w int, err error) {
 	return c, h, w, nil
 }
 
-// loadFolder opens both splits of an image folder: the file lists and labels, not the
-// pixels.
-func loadFolder(cfg Config, skips *skipLog) (train, test *Dataset, err error) {
+// loadFolder opens the splits of an image folder: the file lists and labels, not the
+// pixels. A val/ folder, where there is one, is the validation split.
+func loadFolder(cfg Config, skips *skipLog) (Splits, error) {
 	classes, err := folderClasses(cfg.Path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("data: %w", err)
+		return Splits{}, fmt.Errorf("data: %w", err)
 	}
 	trainFiles, err := listFolder(cfg.Path, SplitTrain, classes)
 	if err != nil {
-		return nil, nil, fmt.Errorf("data: train: %w", err)
+		return Splits{}, fmt.Errorf("data: train: %w", err)
 	}
 	testFiles, err := listFolder(cfg.Path, SplitTest, classes)
 	if err != nil {
-		return nil, nil, fmt.Errorf("data: test: %w", err)
+		return Splits{}, fmt.Errorf("data: test: %w", err)
+	}
+	var valFiles []folderSample
+	if st, err := os.Stat(filepath.Join(cfg.Path, SplitVal)); err == nil && st.IsDir() {
+		if cfg.ValSplit > 0 {
+			return Splits{}, fmt.Errorf("data: val_split: %s holds the validation split already; set val_split to 0, or remove the folder to hold out %g of train/", filepath.Join(cfg.Path, SplitVal), cfg.ValSplit)
+		}
+		if valFiles, err = listFolder(cfg.Path, SplitVal, classes); err != nil {
+			return Splits{}, fmt.Errorf("data: val: %w", err)
+		}
 	}
 	c, h, w, err := folderShape(cfg, trainFiles[0].path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("data: %w", err)
+		return Splits{}, fmt.Errorf("data: %w", err)
 	}
 	mk := func(files []folderSample, subset int, field string) (*Dataset, error) {
 		if subset > len(files) {
@@ -211,13 +223,19 @@ func loadFolder(cfg Config, skips *skipLog) (train, test *Dataset, err error) {
 			Labels: labels, src: src, skips: skips,
 		}, nil
 	}
-	if train, err = mk(trainFiles, cfg.TrainSubset, "train_subset"); err != nil {
-		return nil, nil, err
+	var s Splits
+	if s.Train, err = mk(trainFiles, cfg.TrainSubset, "train_subset"); err != nil {
+		return Splits{}, err
 	}
-	if test, err = mk(testFiles, cfg.TestSubset, "test_subset"); err != nil {
-		return nil, nil, err
+	if s.Test, err = mk(testFiles, cfg.TestSubset, "test_subset"); err != nil {
+		return Splits{}, err
 	}
-	return train, test, nil
+	if valFiles != nil {
+		if s.Val, err = mk(valFiles, 0, ""); err != nil {
+			return Splits{}, err
+		}
+	}
+	return s, nil
 }
 
 // folderSource decodes samples from their files, converted to c channels and resized to

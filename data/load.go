@@ -41,8 +41,13 @@ type Dataset struct {
 	Mapped string
 	Labels []uint8 // N labels, each < Classes
 
-	floats []float32     // safetensors F32 images, N*C*H*W on the [0, 1] scale
-	src    source        // reads samples that are not in memory (image-folder)
+	floats []float32 // safetensors F32 images, N*C*H*W on the [0, 1] scale
+	src    source    // reads samples that are not in memory (image-folder)
+	// rows, when set, maps sample i to its row rows[i] of the storage (Images, floats, src)
+	// shared with the split it was drawn from (a validation split and the training samples
+	// left after it); stored is then that storage's sample count. nil: sample i is row i.
+	rows   []int32
+	stored int
 	aug    AugmentConfig // the training split's augmentation (FillAugmented)
 	skips  *skipLog      // files skipped, shared by the splits of one Load
 	fail   bool          // data.on_error: fail
@@ -77,6 +82,30 @@ type Options struct {
 	// Warn, when set, is called once for every file skipped under data.on_error: skip,
 	// with the error naming it, from whichever goroutine fills the batch.
 	Warn func(err error)
+	// Seed draws the samples data.val_split holds out (the run's seed): every rank, and
+	// every resume, of a run holds out the same ones.
+	Seed uint64
+}
+
+// Splits are a dataset's splits. Val is nil when the data has no validation split.
+type Splits struct {
+	Train, Val, Test *Dataset
+}
+
+// row is where sample i is stored.
+func (d *Dataset) row(i int) int {
+	if d.rows == nil {
+		return i
+	}
+	return int(d.rows[i])
+}
+
+// storedN is the number of samples in the storage (Images, floats, src) d reads.
+func (d *Dataset) storedN() int {
+	if d.rows == nil {
+		return d.N
+	}
+	return d.stored
 }
 
 // Load reads the training and test splits named by cfg (Open without options). A missing
@@ -90,33 +119,62 @@ func Load(cfg Config) (train, test *Dataset, err error) {
 // maps the IDX files; image-folder lists the files and decodes each sample when a batch needs
 // it; safetensors maps (U8) or reads (F32) the images. The training split carries
 // cfg.Augment for FillAugmented.
+//
+// With a validation split (data.val_split, or an image folder's val/), train is what is
+// left of the training samples after it; OpenSplits returns the validation split too.
 func Open(cfg Config, opts Options) (train, test *Dataset, err error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("data: invalid config: %w", err)
-	}
-	skips := &skipLog{warn: opts.Warn}
-	switch cfg.Format {
-	case FormatImageFolder:
-		train, test, err = loadFolder(cfg, skips)
-	case FormatSafetensors:
-		train, test, err = loadSafetensors(cfg)
-	default:
-		train, test, err = loadIDX(cfg)
-	}
+	s, err := OpenSplits(cfg, opts)
 	if err != nil {
 		return nil, nil, err
 	}
-	if test.C != train.C || test.H != train.H || test.W != train.W {
-		return nil, nil, fmt.Errorf("data: %w: test samples are %dx%dx%d but training samples are %dx%dx%d", ErrCorrupt, test.C, test.H, test.W, train.C, train.H, train.W)
+	return s.Train, s.Test, nil
+}
+
+// OpenSplits is Open returning the validation split as well: the training samples that
+// data.val_split holds out (drawn by opts.Seed, see HoldOut), or an image folder's val/
+// folder. Without either, Val is nil and Train and Test are Open's.
+func OpenSplits(cfg Config, opts Options) (Splits, error) {
+	if err := cfg.Validate(); err != nil {
+		return Splits{}, fmt.Errorf("data: invalid config: %w", err)
+	}
+	skips := &skipLog{warn: opts.Warn}
+	var s Splits
+	var err error
+	switch cfg.Format {
+	case FormatImageFolder:
+		s, err = loadFolder(cfg, skips)
+	case FormatSafetensors:
+		s.Train, s.Test, err = loadSafetensors(cfg)
+	default:
+		s.Train, s.Test, err = loadIDX(cfg)
+	}
+	if err != nil {
+		return Splits{}, err
+	}
+	train := s.Train
+	for _, o := range []struct {
+		name string
+		d    *Dataset
+	}{{"test", s.Test}, {"validation", s.Val}} {
+		if d := o.d; d != nil && (d.C != train.C || d.H != train.H || d.W != train.W) {
+			return Splits{}, fmt.Errorf("data: %w: %s samples are %dx%dx%d but training samples are %dx%dx%d", ErrCorrupt, o.name, d.C, d.H, d.W, train.C, train.H, train.W)
+		}
 	}
 	if _, err := cfg.Norm(train.C); err != nil {
-		return nil, nil, err
+		return Splits{}, err
 	}
-	for _, d := range []*Dataset{train, test} {
-		d.skips, d.fail = skips, cfg.OnError == OnErrorFail
+	for _, d := range []*Dataset{s.Train, s.Test, s.Val} {
+		if d != nil {
+			d.skips, d.fail = skips, cfg.OnError == OnErrorFail
+		}
 	}
-	train.aug = cfg.Augment
-	return train, test, nil
+	if cfg.ValSplit > 0 {
+		if s.Train, s.Val, err = HoldOut(train, cfg.ValSplit, opts.Seed); err != nil {
+			return Splits{}, fmt.Errorf("data: val_split: %w", err)
+		}
+	}
+	s.Train.aug = cfg.Augment
+	return s, nil
 }
 
 // Describe returns the sample shape and class count of the data cfg names, reading as

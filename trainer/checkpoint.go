@@ -55,6 +55,13 @@ type Meta struct {
 	// Frozen is the frozen prefix of the flat space; the optimizer shards' offsets count from it.
 	Frozen  int          `json:"frozen_elements,omitempty"`
 	Metrics EvalSnapshot `json:"last_metrics"` // for humans browsing checkpoints
+	// Input and Classes are the sample shape [C, H, W] and the class count the model was
+	// trained on, and ClassNames the classes' names where the data names them (an image
+	// folder's): what qvd predict sizes the model and names its answers with, without the
+	// dataset.
+	Input      []int    `json:"input,omitempty"`
+	Classes    int      `json:"classes,omitempty"`
+	ClassNames []string `json:"class_names,omitempty"`
 }
 
 // TensorMeta records one tensor's place in the flat buffer.
@@ -83,6 +90,7 @@ func (t *Trainer) meta() Meta {
 		MicroBatch: t.cfg.MicroBatch, Accum: t.cfg.Accum, WorldSize: t.world, GlobalBatch: t.global,
 		Precision: t.format.String(), Optimizer: t.optCfg.Type, FlatSize: t.layout.Size, Frozen: t.layout.Frozen, NumParams: t.layout.NumParams(),
 		Config: t.snapshot, ZeroStage: t.zeroCfg.Stage,
+		Input: []int{t.train.C, t.train.H, t.train.W}, Classes: t.train.Classes, ClassNames: t.train.ClassNames,
 	}
 	for _, r := range t.shardWriters() {
 		lo, hi := t.shardOf(r)

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/internal/progress"
 	"github.com/qvd/qvd/memory"
@@ -210,23 +211,71 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 	return nil
 }
 
-// evaluate runs the model over the test set; in a group each rank takes an even share of
-// the test samples and the sums are all-reduced.
+// KindVal is the kind of the metrics record of an evaluation of the validation split
+// (Setup.Val): its Loss and Accuracy are the split's, as a metrics.KindEval record's are
+// the test split's.
+const KindVal = "val"
+
+// evaluate is the evaluation after an epoch (or where max_steps ends one): the validation
+// split where there is one, else the test split.
 func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
-	if err := t.syncModel(); err != nil {
-		return fmt.Errorf("evaluation at step %d: %w", t.step, err)
+	if t.val == nil {
+		return t.evaluateTest(cctx, res)
 	}
-	shards := collective.EvenShards(t.test.N, t.world)
+	acc, loss, n, err := t.evalSplit(cctx, t.val)
+	if err != nil || n == 0 {
+		return err
+	}
+	res.ValAccuracy, res.ValLoss = acc, loss
+	t.log.Info("validation", zap.Int64("step", t.step), zap.Float64("epoch", t.fracEpoch()),
+		zap.Float64("val_accuracy", acc), zap.Float64("val_loss", loss), zap.Int("samples", n))
+	t.writeEval(KindVal, acc, loss, n)
+	return nil
+}
+
+// evaluateTest evaluates the test split, logs it as "evaluation" and records it.
+func (t *Trainer) evaluateTest(cctx context.Context, res *Result) error {
+	acc, loss, n, err := t.evalSplit(cctx, t.test)
+	if err != nil || n == 0 {
+		return err
+	}
+	res.TestAccuracy, res.TestLoss = acc, loss
+	t.log.Info("evaluation", zap.Int64("step", t.step), zap.Float64("epoch", t.fracEpoch()),
+		zap.Float64("test_accuracy", acc), zap.Float64("test_loss", loss), zap.Int("samples", n))
+	t.writeEval(metrics.KindEval, acc, loss, n)
+	return nil
+}
+
+// writeEval records an evaluation in the metrics.
+func (t *Trainer) writeEval(kind string, acc, loss float64, n int) {
+	if t.metrics == nil || t.sinkErr != nil {
+		return
+	}
+	rec := metrics.Record{Kind: kind, Time: float64(t.clock.Now().UnixNano()) / 1e9, Step: t.step,
+		Epoch: t.fracEpoch(), Loss: loss, Accuracy: acc, Samples: n}
+	if err := t.metrics.Write(rec); err != nil {
+		t.sinkFailed(err)
+	}
+}
+
+// evalSplit runs the model over d; in a group each rank takes an even share of the samples
+// and the sums are all-reduced. It returns the accuracy, the mean loss and the sample count
+// (0: d is empty, and the others are unset).
+func (t *Trainer) evalSplit(cctx context.Context, d *data.Dataset) (acc, loss float64, n int, err error) {
+	if err := t.syncModel(); err != nil {
+		return 0, 0, 0, fmt.Errorf("evaluation at step %d: %w", t.step, err)
+	}
+	shards := collective.EvenShards(d.N, t.world)
 	lo, hi := shards[t.rank], shards[t.rank+1]
 	var sum model.EvalResult
 	for start := lo; start < hi; start += t.cfg.EvalBatch {
 		count := min(t.cfg.EvalBatch, hi-start)
-		if err := t.test.FillRange(t.evalBatch, start, count, t.norm); err != nil {
-			return fmt.Errorf("evaluation: %w", err)
+		if err := d.FillRange(t.evalBatch, start, count, t.norm); err != nil {
+			return 0, 0, 0, fmt.Errorf("evaluation: %w", err)
 		}
 		r, err := t.model.Evaluate(t.evalBatch)
 		if err != nil {
-			return fmt.Errorf("evaluation at step %d: %w", t.step, err)
+			return 0, 0, 0, fmt.Errorf("evaluation at step %d: %w", t.step, err)
 		}
 		sum.LossSum += r.LossSum
 		sum.Correct += r.Correct
@@ -237,24 +286,12 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 	}
 	tot := []float64{sum.LossSum, float64(sum.Correct), float64(sum.N)}
 	if err := t.reduceScalars(cctx, tot, collective.Sum); err != nil {
-		return fmt.Errorf("evaluation at step %d: reducing results: %w", t.step, err)
+		return 0, 0, 0, fmt.Errorf("evaluation at step %d: reducing results: %w", t.step, err)
 	}
-	n := tot[2]
-	if n == 0 {
-		return nil
+	if tot[2] == 0 {
+		return 0, 0, 0, nil
 	}
-	res.TestAccuracy = tot[1] / n
-	res.TestLoss = tot[0] / n
-	t.log.Info("evaluation", zap.Int64("step", t.step), zap.Float64("epoch", t.fracEpoch()),
-		zap.Float64("test_accuracy", res.TestAccuracy), zap.Float64("test_loss", res.TestLoss), zap.Int("samples", int(n)))
-	if t.metrics != nil && t.sinkErr == nil {
-		rec := metrics.Record{Kind: metrics.KindEval, Time: float64(t.clock.Now().UnixNano()) / 1e9, Step: t.step,
-			Epoch: t.fracEpoch(), Loss: res.TestLoss, Accuracy: res.TestAccuracy, Samples: int(n)}
-		if err := t.metrics.Write(rec); err != nil {
-			t.sinkFailed(err)
-		}
-	}
-	return nil
+	return tot[1] / tot[2], tot[0] / tot[2], int(tot[2]), nil
 }
 
 // CacheReleaser is a Model whose allocator caches blocks (the native engine): after an

@@ -82,7 +82,11 @@ type Setup struct {
 	// makes the trainer start its own.
 	Pool        *offload.Pool
 	Train, Test *data.Dataset
-	Normalize   data.Normalize
+	// Val, if set, is the validation split (data.val_split, an image folder's val/): it is
+	// evaluated after every epoch in Test's place, and Test once, when the run completes.
+	// Its samples must not be in Train. nil: Test is evaluated after every epoch.
+	Val       *data.Dataset
+	Normalize data.Normalize
 
 	// Comm, if set, makes this trainer one rank of a data-parallel group: the global batch
 	// is split across ranks and gradients are averaged with all-reduce. Every rank must be
@@ -129,10 +133,13 @@ type Result struct {
 	Skipped        int64   // steps skipped on fp16 overflow
 	Epoch          float64 // fractional epochs completed
 	LastLoss       float64 // mean loss of the last step
-	TestAccuracy   float64 // last evaluation
+	TestAccuracy   float64 // last evaluation of the test split
 	TestLoss       float64
 	Checkpoint     string // path of the last checkpoint written ("" if none)
 	Interrupted    bool   // the context was cancelled; a checkpoint was written at the step boundary
+	// ValAccuracy and ValLoss are the last evaluation of the validation split (unset
+	// without one).
+	ValAccuracy, ValLoss float64
 	// SkippedMicroBatches counts micro-batches skipped on an out-of-memory error (this rank).
 	SkippedMicroBatches int64
 	// MicroBatch and Accum are the values in use at the end (memory adaptation may have
@@ -182,6 +189,7 @@ type Trainer struct {
 	resumed *resumeSource
 
 	train, test *data.Dataset
+	val         *data.Dataset // nil: no validation split
 	norm        data.Normalize
 	batch       *data.Batch
 	evalBatch   *data.Batch
@@ -258,7 +266,7 @@ func New(s Setup) (*Trainer, error) {
 	t := &Trainer{
 		cfg: cfg, sched: s.Schedule, optCfg: s.Optimizer, zeroCfg: s.Zero, ckptCfg: s.Checkpoint, seed: s.Seed, snapshot: s.ConfigSnapshot,
 		model: s.Model, layout: s.Model.Layout(), format: cfg.Format(),
-		train: s.Train, test: s.Test, norm: s.Normalize,
+		train: s.Train, test: s.Test, val: s.Val, norm: s.Normalize,
 		world: 1, rank: 0, comm: s.Comm,
 		log: s.Logger, metrics: s.Metrics, progress: s.Progress, clock: s.Clock,
 		mem: memstat.NewReader(), mon: s.MemoryMonitor, scalarBuf: make([]float32, 8),
@@ -336,6 +344,10 @@ func New(s Setup) (*Trainer, error) {
 	t.eng = eng
 	t.batch = data.NewBatch(cfg.MicroBatch, t.train.SampleSize())
 	t.evalBatch = data.NewBatch(cfg.EvalBatch, t.test.SampleSize())
+	if t.val != nil && t.val.SampleSize() != t.test.SampleSize() {
+		t.Close()
+		return nil, fmt.Errorf("trainer: validation samples hold %d values, test samples %d", t.val.SampleSize(), t.test.SampleSize())
+	}
 	t.perm = make([]int32, t.train.N)
 
 	if s.Checkpoint.Dir != "" && t.rank == 0 { // rank 0 writes checkpoints for the group
@@ -550,6 +562,12 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 			res.EpochSeconds = append(res.EpochSeconds, t.clock.Now().Sub(epochStart).Seconds())
 			t.epoch++
 			t.offset = 0
+		}
+	}
+	if t.val != nil && !res.AlreadyFinished {
+		// The epochs evaluated the validation split; the test split is seen once, now.
+		if err := t.evaluateTest(cctx, &res); err != nil {
+			return res, t.abortCause(cctx, err)
 		}
 	}
 	if t.ckptEnabled() && t.ckptStep != t.step {

@@ -84,6 +84,7 @@ type testRun struct {
 	everySteps int
 	train      *data.Dataset
 	test       *data.Dataset
+	val        *data.Dataset // nil: no validation split
 	// freeze, if set, freezes these tensors (model.NewLayoutFrozen).
 	freeze func(name string) bool
 	// prepare may edit the initial parameters before the trainer is built.
@@ -136,7 +137,7 @@ func (r testRun) buildWith(t *testing.T, sink MetricsSink, resume *checkpoint.Ch
 	ck := checkpoint.Config{Dir: r.ckptDir, EverySteps: r.everySteps, Keep: 0}
 	tr, err := New(Setup{
 		Config: r.cfg, Schedule: r.sched, Scaler: r.scaler, Optimizer: r.opt, Zero: r.zero, Checkpoint: ck, Seed: r.seed,
-		Model: net, Train: r.train, Test: r.test, Normalize: data.Normalize{Mean: 0.5, Std: 0.25},
+		Model: net, Train: r.train, Test: r.test, Val: r.val, Normalize: data.Normalize{Mean: 0.5, Std: 0.25},
 		Resume: resume, Metrics: sink, Comm: comm,
 	})
 	if err != nil {

@@ -29,7 +29,7 @@ type inference struct {
 	layout  *model.Layout
 	params  []float32
 	weights string        // the safetensors file the weights came from
-	test    *data.Dataset // the test split (qvd predict loads one sample of it, for the shape)
+	test    *data.Dataset // the test split (qvd eval; nil for qvd predict)
 	norm    data.Normalize
 	names   []string // class names, by label
 }
@@ -40,73 +40,141 @@ type inferenceFlags struct {
 }
 
 func (f *inferenceFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.config, "c", "", "config: a YAML file, or the name of an embedded config ("+fmt.Sprint(configs.Embedded())+"); default "+configs.DefaultName+". Its model section must describe the checkpoint's model")
+	fs.StringVar(&f.config, "c", "", "config: a YAML file, or the name of an embedded config ("+fmt.Sprint(configs.Embedded())+"); default: the config the checkpoint was trained with (its meta.json). Its model section must describe the checkpoint's model")
 	fs.StringVar(&f.config, "config", "", "same as -c")
-	fs.StringVar(&f.checkpoint, "checkpoint", "", "the weights: a run directory (its newest valid checkpoint), a checkpoint directory, or a model.safetensors file")
+	fs.StringVar(&f.checkpoint, "checkpoint", "", "the weights: a run directory (its newest valid checkpoint), a checkpoint directory, or a model.safetensors file (which needs -c)")
 	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
 }
 
-// load builds the config's model and reads the weights into it. testSubset > 0 keeps only
-// that many test samples (data.test_subset).
-func (f *inferenceFlags) load(testSubset int, warn func(string)) (*inference, error) {
+// trainedWith is what a checkpoint's meta.json says of the run that wrote it (trainer.Meta).
+type trainedWith struct {
+	Config     json.RawMessage `json:"config"`
+	Input      []int           `json:"input"`
+	Classes    int             `json:"classes"`
+	ClassNames []string        `json:"class_names"`
+}
+
+// loaded is what --checkpoint and -c resolve to, before the model is built.
+type loaded struct {
+	cfg     configs.Config
+	source  string           // where cfg came from, for messages
+	weights string           // the safetensors file
+	file    *checkpoint.File // its parsed contents
+	meta    *trainedWith     // nil for a bare safetensors file
+}
+
+// resolve finds the weights and the config: -c where given, else the checkpoint's own
+// (meta.json's snapshot of the run's config); a bare safetensors file has none, so needs
+// -c. --data and testSubset > 0 (data.test_subset) override the config's.
+func (f *inferenceFlags) resolve(testSubset int, warn func(string)) (*loaded, error) {
 	if f.checkpoint == "" {
 		return nil, fmt.Errorf("%w: --checkpoint: required (a run directory, a checkpoint directory or a model.safetensors file)", configs.ErrInvalid)
 	}
-	name := f.config
-	if name == "" {
-		name = configs.DefaultName
-	}
-	cfg, err := configs.Load(name)
+	weights, ckpt, err := resolveWeights(f.checkpoint, warn)
 	if err != nil {
 		return nil, err
+	}
+	file, err := checkpoint.ReadSafetensorsFile(weights)
+	if err != nil {
+		return nil, err
+	}
+	l := &loaded{weights: weights, file: file, source: f.config}
+	if ckpt != nil {
+		l.meta = &trainedWith{}
+		if err := ckpt.Meta(l.meta); err != nil {
+			return nil, fmt.Errorf("--checkpoint %s: %w", ckpt.Path(), err)
+		}
+	}
+	switch {
+	case f.config != "":
+		if l.cfg, err = configs.Load(f.config); err != nil {
+			return nil, err
+		}
+	case l.meta == nil:
+		return nil, fmt.Errorf("%w: --checkpoint %s is a bare weights file, which does not record the config it was trained with: give that config with -c (or pass the checkpoint directory, whose meta.json holds it)", configs.ErrInvalid, weights)
+	default:
+		l.source = filepath.Join(ckpt.Path(), "meta.json")
+		if l.cfg, err = snapshotConfig(l.meta.Config, l.source); err != nil {
+			return nil, err
+		}
 	}
 	if f.dataPath != "" {
-		cfg.Data.Path = f.dataPath
+		l.cfg.Data.Path = f.dataPath
 	}
 	if testSubset > 0 {
-		cfg.Data.TestSubset = testSubset
+		l.cfg.Data.TestSubset = testSubset
 	}
-	cfg.Resolve()
-	if err := cfg.Model.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: model.%w", configs.ErrInvalid, err)
+	l.cfg.Resolve()
+	if err := l.cfg.Model.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: model.%w", configs.ErrInvalid, l.source, err)
 	}
-	if err := cfg.Data.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: data.%w", configs.ErrInvalid, err)
+	if err := l.cfg.Data.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: data.%w", configs.ErrInvalid, l.source, err)
 	}
-	weights, err := resolveWeights(f.checkpoint, warn)
+	return l, nil
+}
+
+// snapshotConfig decodes the resolved config a checkpoint's meta.json holds over the
+// defaults.
+func snapshotConfig(raw json.RawMessage, source string) (configs.Config, error) {
+	cfg := configs.Default()
+	if len(raw) == 0 || string(raw) == "null" {
+		return cfg, fmt.Errorf("%w: %s records no config: give the one the run was trained with, -c", configs.ErrInvalid, source)
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return cfg, fmt.Errorf("%w: %s: the config it records: %v (give the one the run was trained with, -c)", configs.ErrInvalid, source, err)
+	}
+	return cfg, nil
+}
+
+// build builds the config's model for samples of shape and reads the weights into it.
+func (l *loaded) build(shape data.Shape) (*inference, error) {
+	spec, err := model.NewSpec(l.cfg.Model, shape.Input(), shape.Classes)
 	if err != nil {
 		return nil, err
 	}
-	_, test, err := data.Load(cfg.Data)
-	if err != nil {
-		return nil, err
-	}
-	spec, err := model.NewSpec(cfg.Model, []int{test.C, test.H, test.W}, test.Classes)
-	if err != nil {
-		return nil, err
-	}
-	norm, err := cfg.Data.Norm(test.C)
+	norm, err := l.cfg.Data.Norm(shape.C)
 	if err != nil {
 		return nil, err
 	}
 	layout := model.NewLayout(spec)
 	params := make([]float32, layout.Size)
-	if _, err := model.LoadInit(model.InitConfig{From: weights, Strict: true}, layout, params); err != nil {
-		return nil, fmt.Errorf("loading the weights into the %s model of config %s (the one they were trained with?): %w", spec, name, err)
+	if _, err := model.InitFromFile(l.file, nil, true, layout, params); err != nil {
+		return nil, fmt.Errorf("loading the weights into the %s model of config %s (the one they were trained with?): %s: %w", spec, l.source, l.weights, err)
 	}
-	return &inference{cfg: cfg, spec: spec, layout: layout, params: params, weights: weights, test: test, norm: norm, names: classNames(cfg, test)}, nil
+	return &inference{cfg: l.cfg, spec: spec, layout: layout, params: params, weights: l.weights, norm: norm}, nil
 }
 
-// classNames are the dataset's label names (an image folder's class folders, Fashion-MNIST's
-// names), or the labels' numbers.
-func classNames(cfg configs.Config, ds *data.Dataset) []string {
-	if len(ds.ClassNames) == ds.Classes {
-		return ds.ClassNames
+// load builds the config's model, reads the weights into it and opens the test split it is
+// evaluated on. testSubset > 0 keeps only that many test samples (data.test_subset).
+func (f *inferenceFlags) load(testSubset int, warn func(string)) (*inference, error) {
+	l, err := f.resolve(testSubset, warn)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Data.Dataset == data.FashionMNIST && ds.Classes == len(fashionMNISTClasses) {
+	_, test, err := data.Load(l.cfg.Data)
+	if err != nil {
+		return nil, err
+	}
+	inf, err := l.build(test.Shape())
+	if err != nil {
+		return nil, err
+	}
+	inf.test = test
+	inf.names = classNames(l.cfg, test.Classes, test.ClassNames)
+	return inf, nil
+}
+
+// classNames are the data's label names (an image folder's class folders, Fashion-MNIST's
+// names), or the labels' numbers.
+func classNames(cfg configs.Config, classes int, named []string) []string {
+	if len(named) == classes {
+		return named
+	}
+	if cfg.Data.Dataset == data.FashionMNIST && classes == len(fashionMNISTClasses) {
 		return fashionMNISTClasses
 	}
-	names := make([]string, ds.Classes)
+	names := make([]string, classes)
 	for i := range names {
 		names[i] = fmt.Sprint(i)
 	}
@@ -116,19 +184,20 @@ func classNames(cfg configs.Config, ds *data.Dataset) []string {
 // resolveWeights finds the safetensors file behind --checkpoint: the file itself, a
 // checkpoint directory's model.safetensors (verified against its meta.json), or the newest
 // checkpoint that verifies in a run directory's checkpoints/ or a checkpoint directory's
-// parent, as --resume auto picks it; warn reports each checkpoint skipped.
-func resolveWeights(path string, warn func(string)) (string, error) {
+// parent, as --resume auto picks it; warn reports each checkpoint skipped. The checkpoint is
+// nil for a bare file.
+func resolveWeights(path string, warn func(string)) (string, *checkpoint.Checkpoint, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return "", fmt.Errorf("--checkpoint: %w", err)
+		return "", nil, fmt.Errorf("--checkpoint: %w", err)
 	}
 	if !st.IsDir() {
-		return path, nil
+		return path, nil, nil
 	}
 	var c *checkpoint.Checkpoint
 	if _, err := os.Stat(filepath.Join(path, "meta.json")); err == nil {
 		if c, err = checkpoint.Open(path); err != nil {
-			return "", fmt.Errorf("--checkpoint: %w", err)
+			return "", nil, fmt.Errorf("--checkpoint: %w", err)
 		}
 	} else {
 		dir := path
@@ -141,14 +210,14 @@ func resolveWeights(path string, warn func(string)) (string, error) {
 			warn(fmt.Sprintf("skipping a checkpoint that failed verification: %v", s))
 		}
 		if err != nil {
-			return "", fmt.Errorf("--checkpoint %s: %w", path, err)
+			return "", nil, fmt.Errorf("--checkpoint %s: %w", path, err)
 		}
 	}
 	file, err := c.FilePath(weightsFile)
 	if err != nil {
-		return "", fmt.Errorf("--checkpoint: %w", err)
+		return "", nil, fmt.Errorf("--checkpoint: %w", err)
 	}
-	return file, nil
+	return file, c, nil
 }
 
 // evalBatch is how many samples one Forward call takes: its activations stay in the caches.

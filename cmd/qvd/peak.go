@@ -53,7 +53,9 @@ func estimatePeak(cfg configs.Config, in estimateInput, spec *model.Spec) (peakE
 	if p.activations, err = measurePeakActivations(spec, in.format(), p.micro, p.evalBatch); err != nil {
 		return p, fmt.Errorf("measuring the activations: %w", err)
 	}
-	p.dataset = datasetResident(cfg, in.world)
+	if p.dataset, err = datasetResident(cfg, in.world); err != nil {
+		return p, err
+	}
 	p.runtime = runtimeBytes
 	if in.world > 1 {
 		p.runtime += commBytes
@@ -107,34 +109,34 @@ func measurePeakActivations(spec *model.Spec, f half.Format, micro, evalBatch in
 	return alloc.Stats().MaxReserved, nil
 }
 
-// datasetResident is how much of the mapped dataset a rank's resident set holds by the end of
-// the run: the training images it reads (each first touch maps faultAround bytes of the
-// file's cached pages), its share of the test images, up to the files' sizes; images read
-// into memory (a subset, data.cache none) count whole.
-func datasetResident(cfg configs.Config, world int) int64 {
-	const sample = 28 * 28 // Fashion-MNIST's images; the estimate knows no other shape yet
-	train, test := int64(60000), int64(10000)
-	if cfg.Data.TrainSubset > 0 {
-		train = int64(cfg.Data.TrainSubset)
+// datasetResident is how much of the dataset a rank's resident set holds by the end of the
+// run, from the data's own sizes (data.Count): of mapped images, the training samples it
+// reads and its share of the validation and test samples it evaluates, each first touch
+// mapping faultAround bytes of the file's cached pages, up to the file's size; images held
+// in memory (a subset, data.cache none, safetensors F32) count whole. An image folder's
+// samples are decoded per batch and count nothing.
+func datasetResident(cfg configs.Config, world int) (int64, error) {
+	sz, err := data.Count(cfg.Data)
+	if err != nil {
+		return 0, fmt.Errorf("sizing the dataset: %w", err)
 	}
-	if cfg.Data.TestSubset > 0 {
-		test = int64(cfg.Data.TestSubset)
-	}
-	if cfg.Data.Cache == data.CacheNone || cfg.Data.TrainSubset > 0 {
-		return (train + test) * sample
+	sample := int64(sz.SampleBytes)
+	trainFile := int64(sz.Train+sz.Val) * sample // the validation split is stored with train
+	test := int64(sz.Test) * sample
+	if !sz.Mapped {
+		return trainFile + test, nil
 	}
 	global := int64(cfg.Train.MicroBatch * cfg.Train.Accum * world)
-	steps := int64(cfg.Train.Epochs) * (train / max(global, 1))
+	steps := int64(cfg.Train.Epochs) * (int64(sz.Train) / max(global, 1))
 	if cfg.Train.MaxSteps > 0 {
 		steps = min(steps, cfg.Train.MaxSteps)
 	}
-	read := steps * int64(cfg.Train.MicroBatch*cfg.Train.Accum) // this rank's samples
-	trainRes := min(train*sample, read*faultAround)
-	testRes := test * sample
-	if cfg.Data.TestSubset == 0 {
-		testRes = min(test*sample, test/int64(world)*faultAround)
+	read := steps*int64(cfg.Train.MicroBatch*cfg.Train.Accum) + int64(sz.Val)/int64(world) // this rank's samples
+	trainRes := min(trainFile, read*faultAround)
+	if sz.TestMapped {
+		test = min(test, int64(sz.Test)/int64(world)*faultAround)
 	}
-	return trainRes + testRes
+	return trainRes + test, nil
 }
 
 func (p peakEstimate) print(w io.Writer, in estimateInput) {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/model"
@@ -52,8 +53,9 @@ func cmdPredict(args []string, stdout, stderr io.Writer) int {
 	if *topK < 1 {
 		return usageError(fs, stderr, "--top-k must be >= 1, got %d", *topK)
 	}
-	// The model's input shape and class names come from the dataset: one test sample is enough.
-	inf, err := f.load(1, func(s string) { fmt.Fprintf(stderr, "warning: %s\n", s) })
+	// The model's input shape and classes come from the config, the checkpoint or the
+	// weights, never from the dataset, which need not be on this machine.
+	inf, err := f.loadModel(func(s string) { fmt.Fprintf(stderr, "warning: %s\n", s) })
 	if err != nil {
 		return inferenceFailed("predict", stderr, err)
 	}
@@ -91,6 +93,135 @@ func cmdPredict(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return exitOK
+}
+
+// loadModel builds the config's model and reads the weights into it without opening the
+// dataset (see modelShape).
+func (f *inferenceFlags) loadModel(warn func(string)) (*inference, error) {
+	l, err := f.resolve(0, warn)
+	if err != nil {
+		return nil, err
+	}
+	shape, err := l.modelShape()
+	if err != nil {
+		return nil, err
+	}
+	inf, err := l.build(shape)
+	if err != nil {
+		return nil, err
+	}
+	var named []string
+	if l.meta != nil {
+		named = l.meta.ClassNames
+	}
+	inf.names = classNames(l.cfg, shape.Classes, named)
+	return inf, nil
+}
+
+// modelShape is the sample shape and class count the model takes, found without the
+// dataset: model.input and model.classes where the config sets them, else what the
+// checkpoint recorded of its training data (meta.json), else the weights' shapes — the
+// classifier's outputs are the classes; the first layer's inputs give the sample, with
+// data.channels and data.image_size where set, else the square image they fit (one channel
+// or three for an MLP; for a CNN, the smallest side its pooling maps onto the first dense
+// layer).
+func (l *loaded) modelShape() (data.Shape, error) {
+	m := l.cfg.Model
+	var s data.Shape
+	if len(m.Input) == 3 {
+		s.C, s.H, s.W = m.Input[0], m.Input[1], m.Input[2]
+	} else if l.meta != nil && len(l.meta.Input) == 3 {
+		s.C, s.H, s.W = l.meta.Input[0], l.meta.Input[1], l.meta.Input[2]
+	}
+	s.Classes = m.Classes
+	if s.Classes == 0 && l.meta != nil {
+		s.Classes = l.meta.Classes
+	}
+	dims := func(name string, rank int) ([]int, error) {
+		info, err := l.file.Info(name)
+		if err != nil {
+			return nil, fmt.Errorf("%s: sizing the model from its weights: %w", l.weights, err)
+		}
+		if len(info.Shape) != rank || slices.Contains(info.Shape, 0) {
+			return nil, fmt.Errorf("%s: tensor %s has shape %v, want %d non-zero dimensions (model.type %s)", l.weights, name, info.Shape, rank, m.Type)
+		}
+		return info.Shape, nil
+	}
+	if s.Classes == 0 {
+		w, err := dims(fmt.Sprintf("fc%d.weight", len(m.Hidden)+1), 2) // the classifier, [out, in]
+		if err != nil {
+			return s, err
+		}
+		s.Classes = w[0]
+	}
+	if s.C > 0 {
+		return s, nil
+	}
+	s.C = l.cfg.Data.Channels
+	if len(l.cfg.Data.ImageSize) == 2 {
+		s.H, s.W = l.cfg.Data.ImageSize[0], l.cfg.Data.ImageSize[1]
+	}
+	fc1, err := dims("fc1.weight", 2)
+	if err != nil {
+		return s, err
+	}
+	in := fc1[1]
+	if m.Type == model.TypeCNN {
+		conv1, err := dims("conv1.weight", 4)
+		if err != nil {
+			return s, err
+		}
+		if s.C == 0 {
+			s.C = conv1[1]
+		}
+		if s.H == 0 {
+			last, pools := m.Channels[len(m.Channels)-1], len(m.Channels)
+			side, ok := isqrt(in / last)
+			if in%last != 0 || !ok {
+				return s, fmt.Errorf("%s: fc1 takes %d inputs, not %d channels of a square image: set model.input [C, H, W]", l.weights, in, last)
+			}
+			s.H, s.W = side<<pools, side<<pools
+		}
+		return s, nil
+	}
+	switch {
+	case s.C > 0 && s.H > 0:
+	case s.H > 0:
+		s.C = in / (s.H * s.W)
+	case s.C > 0:
+		side, ok := isqrt(in / s.C)
+		if in%s.C != 0 || !ok {
+			return s, fmt.Errorf("%s: fc1 takes %d inputs, not a square image of %d channels: set model.input [C, H, W]", l.weights, in, s.C)
+		}
+		s.H, s.W = side, side
+	default:
+		if side, ok := isqrt(in); ok {
+			s.C, s.H, s.W = 1, side, side
+		} else if side, ok := isqrt(in / 3); ok && in%3 == 0 {
+			s.C, s.H, s.W = 3, side, side
+		} else {
+			return s, fmt.Errorf("%s: fc1 takes %d inputs, not a square grey or RGB image: set model.input [C, H, W]", l.weights, in)
+		}
+	}
+	if s.C*s.H*s.W != in {
+		return s, fmt.Errorf("%s: fc1 takes %d inputs, but data.channels and data.image_size give %d×%d×%d: set model.input [C, H, W]", l.weights, in, s.C, s.H, s.W)
+	}
+	return s, nil
+}
+
+// isqrt is n's integer square root and whether n is its square.
+func isqrt(n int) (int, bool) {
+	if n < 1 {
+		return 0, false
+	}
+	r := int(math.Sqrt(float64(n)))
+	for r*r > n {
+		r--
+	}
+	for (r+1)*(r+1) <= n {
+		r++
+	}
+	return r, r*r == n
 }
 
 // loadImage decodes a PNG or JPEG file into dst as the model's input: c planes (1: grey by

@@ -641,10 +641,11 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, fmt.Errorf("memory.%w", err)
 	}
 	defer mon.Close()
-	trainSet, testSet, err := data.Open(cfg.Data, data.Options{Warn: func(err error) { log.Warn("skipping a sample", zap.Error(err)) }})
+	splits, err := data.OpenSplits(cfg.Data, data.Options{Warn: func(err error) { log.Warn("skipping a sample", zap.Error(err)) }, Seed: cfg.Run.Seed})
 	if err != nil {
 		return trainer.Result{}, err
 	}
+	trainSet, testSet := splits.Train, splits.Test
 	norm, err := cfg.Data.Norm(trainSet.C)
 	if err != nil {
 		return trainer.Result{}, err
@@ -743,7 +744,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	}
 	setup := trainer.Setup{
 		Config: cfg.Train, Schedule: cfg.Scheduler, Scaler: cfg.FP16, Optimizer: cfg.Optimizer, Zero: cfg.Zero, Checkpoint: cfg.Checkpoint,
-		Seed: cfg.Run.Seed, Model: eng.model, Pool: eng.pool, Train: trainSet, Test: testSet, Normalize: norm,
+		Seed: cfg.Run.Seed, Model: eng.model, Pool: eng.pool, Train: trainSet, Test: testSet, Val: splits.Val, Normalize: norm,
 		Resume: from, ConfigSnapshot: cfg, Metrics: sink, Logger: log, Comm: j.comm,
 	}
 	if j.line != nil {
