@@ -211,11 +211,6 @@ func (t *Trainer) report(res *Result, rec metrics.Record, start time.Time) error
 	return nil
 }
 
-// KindVal is the kind of the metrics record of an evaluation of the validation split
-// (Setup.Val): its Loss and Accuracy are the split's, as a metrics.KindEval record's are
-// the test split's.
-const KindVal = "val"
-
 // evaluate is the evaluation after an epoch (or where max_steps ends one): the validation
 // split where there is one, else the test split.
 func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
@@ -229,7 +224,7 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 	res.ValAccuracy, res.ValLoss = acc, loss
 	t.log.Info("validation", zap.Int64("step", t.step), zap.Float64("epoch", t.fracEpoch()),
 		zap.Float64("val_accuracy", acc), zap.Float64("val_loss", loss), zap.Int("samples", n))
-	t.writeEval(KindVal, acc, loss, n)
+	t.writeEval(metrics.KindVal, acc, loss, n)
 	return nil
 }
 

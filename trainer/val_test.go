@@ -30,7 +30,7 @@ func valRun(t *testing.T) testRun {
 func evalRecords(recs []metrics.Record) (val, test []metrics.Record) {
 	for _, rec := range recs {
 		switch rec.Kind {
-		case KindVal:
+		case metrics.KindVal:
 			val = append(val, rec)
 		case metrics.KindEval:
 			test = append(test, rec)

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/internal/metrics"
-	"github.com/qvd/qvd/trainer"
 )
 
 // TestTrainValSplit: data.val_split makes qvd train evaluate the held-out samples after
@@ -32,7 +31,7 @@ func TestTrainValSplit(t *testing.T) {
 	steps := int64(0)
 	for _, r := range recs {
 		switch r.Kind {
-		case trainer.KindVal:
+		case metrics.KindVal:
 			val = append(val, r)
 		case metrics.KindEval:
 			test = append(test, r)

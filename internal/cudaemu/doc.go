@@ -25,7 +25,8 @@
 // group of N ranks in one process needs QVD_CUDAEMU_DEVICES=N. The emulator's knobs are
 // environment variables read by the C++ libraries (QVD_CUDAEMU_*: DEVICES, SMS, MEMORY_MIB,
 // FILL, DELAY_US, SYNC, QUIET, COVERAGE, GEMM, NCCL_SLOT_KIB; see libcuda/driver.cc,
-// libcublas/cublas.cc and libnccl/nccl.cc).
+// libcublas/cublas.cc and libnccl/nccl.cc; docs/gpu.md, "Running the CUDA path without a
+// GPU", lists them with what the emulation cannot show).
 //
 // This package is plain Go (purego, through internal/dynlib) and builds everywhere; Open
 // fails with ErrNotEmulated in a process whose libcuda.so.1 is NVIDIA's.

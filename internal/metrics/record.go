@@ -9,6 +9,7 @@ package metrics
 const (
 	KindTrain = "train" // one optimizer step
 	KindEval  = "eval"  // one evaluation pass over the test set
+	KindVal   = "val"   // one evaluation pass over the validation split (data.val_split)
 	// KindEvent: something happened to the run besides a step (Event names it); written by
 	// rank 0 as it happens.
 	KindEvent = "event"

@@ -28,6 +28,8 @@ func TestScalars(t *testing.T) {
 			[]tbevents.Scalar{sc(TagTrainLoss, 2.3), sc(TagLR, 0)}},
 		{"eval", metrics.Record{Kind: metrics.KindEval, Step: 10, Loss: 0.4, Accuracy: 0.875, Samples: 1000},
 			[]tbevents.Scalar{sc(TagEvalLoss, 0.4), sc(TagEvalAccuracy, 0.875)}},
+		{"val", metrics.Record{Kind: metrics.KindVal, Step: 10, Loss: 0.5, Accuracy: 0.75, Samples: 600},
+			[]tbevents.Scalar{sc(TagValLoss, 0.5), sc(TagValAccuracy, 0.75)}},
 		{"unknown kind", metrics.Record{Kind: "other", Loss: 1}, nil},
 	} {
 		if got := Scalars(nil, &c.r); !reflect.DeepEqual(got, c.want) {

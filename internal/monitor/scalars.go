@@ -14,6 +14,8 @@ const (
 	TagLossScale     = "train/loss_scale"
 	TagEvalLoss      = "eval/loss"
 	TagEvalAccuracy  = "eval/accuracy"
+	TagValLoss       = "val/loss"
+	TagValAccuracy   = "val/accuracy"
 	TagRSS           = "memory/rss_bytes"
 	TagHeap          = "memory/heap_bytes"
 	// TagModelStates is what the rank holds for training (parameters, gradients, optimizer
@@ -56,6 +58,9 @@ func Scalars(dst []tbevents.Scalar, r *metrics.Record) []tbevents.Scalar {
 	case metrics.KindEval:
 		add(TagEvalLoss, r.Loss)
 		add(TagEvalAccuracy, r.Accuracy)
+	case metrics.KindVal:
+		add(TagValLoss, r.Loss)
+		add(TagValAccuracy, r.Accuracy)
 	}
 	return dst
 }
