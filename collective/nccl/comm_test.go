@@ -1,7 +1,9 @@
 //go:build cuda
 
-// These tests need a GPU and libnccl.so.2 (or $QVD_NCCL_LIBRARY); CI only vets and builds
-// them. NCCL refuses two ranks on one GPU, so rank r of a group runs on GPU r.
+// These tests need a GPU and libnccl.so.2 (or $QVD_NCCL_LIBRARY), or the emulated driver and
+// NCCL of internal/cudaemu, on which CI runs them (scripts/gpu/emulate.sh: groups of 1, 2 and
+// 4 on four emulated devices, also under -race). NCCL refuses two ranks on one GPU, so rank r
+// of a group runs on GPU r.
 
 package nccl
 

@@ -4,12 +4,15 @@
 # entry point bin/qvd-cuda links, runs engine/cuda's tests (the CUDA device against the
 # reference device, and the emulator's planted bugs) and collective/nccl's (the conformance
 # suite over NCCL at 1, 2 and 4 ranks, one emulated device per rank), checks that every
-# kernel ran, trains the MLP on --device cuda against --device reference (fp32, fp16, bf16),
-# runs `qvd launch --nproc 2 --device cuda --transport nccl` against one process with the
-# same global batch, and checks that every cuBLAS and NCCL entry point qvd binds was called
-# and that no call reached an unimplemented one (the list: build/cudaemu/logs/entry-points.txt).
-# Needs the CUDA headers and OpenBLAS (scripts/setup.sh --cuda).
-#   scripts/gpu/emulate.sh [quick]     quick: no -race pass, fewer training steps, no CNN
+# kernel ran, trains the MLP (fp32, fp16, bf16) and the CNN on --device cuda against --device
+# reference, runs `qvd launch --nproc N --device cuda --transport nccl` against one process
+# with the same global batch, and checks that every cuBLAS and NCCL entry point qvd binds was
+# called and that no call reached an unimplemented one (the list:
+# build/cudaemu/logs/entry-points.txt). docs/gpu.md, "Running the CUDA path without a GPU",
+# explains the tolerances and what the emulation cannot show. Needs the CUDA headers and
+# OpenBLAS (scripts/setup.sh --cuda).
+#   scripts/gpu/emulate.sh [quick]     quick (~2 min): no -race pass, 50-step MLP runs, a
+#                                      launch of 2 in fp32 only, no CNN; full: ~10 min
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-full}
@@ -58,16 +61,14 @@ export QVD_CUDAEMU_COVERAGE=$cov # every process appends the entry points and ke
 cgo_noise="handleCUDACB\|^ *[0-9]* |\|^ *|\|In function\|^#"
 
 step "go test -tags cuda ./engine/cuda (emulated driver)"
-# The fp32 comparisons of TestNetMatchesReference assume the reference's summation order
-# (a ReLU input within rounding of 0 otherwise flips): sequential GEMMs give it that order.
-QVD_CUDAEMU_GEMM=sequential \
-  go test -tags cuda -count=1 ./engine/cuda 2>&1 | grep -v "$cgo_noise" | tee "$log/engine-cuda.log"
+# In OpenBLAS's summation order, not the reference's: TestNetMatchesReference draws its fp32
+# batches so that no ReLU or max-pool decision lies within rounding of its boundary.
+go test -tags cuda -count=1 ./engine/cuda 2>&1 | grep -v "$cgo_noise" | tee "$log/engine-cuda.log"
 test "${PIPESTATUS[0]}" -eq 0
 
 if [ "$mode" != quick ]; then
   step "go test -race -tags cuda ./engine/cuda, operations delayed 50 µs (missing synchronisation shows)"
-  QVD_CUDAEMU_GEMM=sequential QVD_CUDAEMU_DELAY_US=50 \
-    go test -race -tags cuda -count=1 ./engine/cuda 2>&1 | grep -v "$cgo_noise" | tee "$log/engine-cuda-race.log"
+  QVD_CUDAEMU_DELAY_US=50 go test -race -tags cuda -count=1 ./engine/cuda 2>&1 | grep -v "$cgo_noise" | tee "$log/engine-cuda-race.log"
   test "${PIPESTATUS[0]}" -eq 0
 fi
 
@@ -101,74 +102,102 @@ if grep -q '^unimplemented' "$cov"; then
   exit 1
 fi
 
-# last RUN_DIR: the final evaluation's loss and accuracy, and the last training loss.
-last() {
-  python3 - "$1" <<'PY'
+# compare RUN_A RUN_B STEP_TOL UPTO EVAL_TOL ACC_TOL: two runs' train losses at every step up
+# to UPTO (relative to max(1, |loss|)), then their last evaluations' loss (relative) and
+# accuracy (absolute).
+compare() {
+  python3 - "$@" <<'PY'
 import json, sys
-recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
-tr = [r for r in recs if r["kind"] == "train"]
-ev = [r for r in recs if r["kind"] == "eval"]
-print(len(tr), tr[-1]["loss"], ev[-1]["loss"], ev[-1]["accuracy"])
+a, b = sys.argv[1], sys.argv[2]
+step_tol, upto, tol, acc_tol = float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+def load(d):
+    recs = [json.loads(l) for l in open(d + "/metrics.jsonl")]
+    return {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}, [r for r in recs if r["kind"] == "eval"][-1]
+(ta, ea), (tb, eb) = load(a), load(b)
+rel = lambda s: abs(ta[s] - tb[s]) / max(1, abs(tb[s]))
+early = max(rel(s) for s in tb if s <= upto) if ta.keys() == tb.keys() else float("inf")
+worst = max(rel(s) for s in tb) if ta.keys() == tb.keys() else float("inf")
+print(f"{len(ta)} and {len(tb)} steps, train loss within {early:.2g} to step {min(upto, max(tb))} ({worst:.2g} in all);"
+      f" eval loss {ea['loss']:.6f} and {eb['loss']:.6f}, accuracy {ea['accuracy']} and {eb['accuracy']}")
+ok = early <= step_tol and abs(ea["loss"] - eb["loss"]) <= tol * max(1, abs(eb["loss"])) and abs(ea["accuracy"] - eb["accuracy"]) <= acc_tol
+sys.exit(0 if ok else 1)
 PY
 }
+
+# Two trainings from the same weights and batches follow one trajectory only while the
+# rounding differences of their summation orders stay small; they then grow about
+# exponentially. So per-step losses are compared tightly over the first steps, and the end of
+# the run only by its evaluation. Measured (300 steps, micro-batch 64): fp32 within 1.7e-6 to
+# step 150, 0.0088 by step 200, 0.057 by 300; fp16 and bf16, whose activations round to
+# 2^-11 and 2^-8 relative (an fp32 sum in another order now and then rounds to another half
+# value), within 2.1e-5 and 9.4e-5 to step 10, 0.08 and 0.11 by step 300. The final
+# evaluations (10,000 images) then differ as much as any two runs perturbed by rounding: up to
+# 1.4% in loss (fp16) and 0.003 in accuracy; checked to 3% and 0.01.
 steps=$([ "$mode" = quick ] && echo 50 || echo 300)
 data=/usr/share/datasets/fashion-mnist
 for p in fp32 fp16 bf16; do
   step "qvd-cuda train --device cuda against --device reference (MLP, $p, $steps steps)"
   for d in cuda reference; do
     rm -rf "$log/train-$p-$d"
-    QVD_CUDAEMU_QUIET=1 bin/qvd-cuda train -c configs/fashion-mlp.yaml --device "$d" --precision "$p" --data "$data" \
+    bin/qvd-cuda train -c configs/fashion-mlp.yaml --device "$d" --precision "$p" --data "$data" \
       --out "$log/train-$p-$d" --max-steps "$steps" --quiet > "$log/train-$p-$d.log" 2>&1 || { cat "$log/train-$p-$d.log"; exit 1; }
   done
-  read -r nc lc ec ac < <(last "$log/train-$p-cuda")
-  read -r nr lr er ar < <(last "$log/train-$p-reference")
-  echo "cuda: $nc steps, train loss $lc, eval loss $ec, accuracy $ac; reference: $nr steps, $lr, $er, $ar"
-  python3 -c "import sys; lc,lr,ac,ar=map(float,sys.argv[1:]); sys.exit(0 if abs(lc-lr) <= 0.02*max(1,abs(lr)) and abs(ac-ar) <= 0.01 else 1)" "$ec" "$er" "$ac" "$ar" \
+  if [ "$p" = fp32 ]; then tight="1e-4 100"; else tight="1e-3 10"; fi
+  compare "$log/train-$p-cuda" "$log/train-$p-reference" $tight 0.03 0.01 \
     || { echo "emulate: --device cuda and --device reference diverge ($p)" >&2; exit 1; }
 done
-# compare RUN_A RUN_B STEP_TOL EVAL_TOL ACC_TOL: the train loss of every step of two runs
-# (relative, STEP_TOL inf to skip), and their last evaluations' loss and accuracy.
-compare() {
-  python3 - "$@" <<'PY'
-import json, sys
-a, b, step_tol, tol, acc_tol = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-def load(d):
-    recs = [json.loads(l) for l in open(d + "/metrics.jsonl")]
-    return {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}, [r for r in recs if r["kind"] == "eval"][-1]
-(ta, ea), (tb, eb) = load(a), load(b)
-worst = max(abs(ta[s] - tb[s]) / max(1, abs(tb[s])) for s in tb) if ta.keys() == tb.keys() else float("inf")
-print(f"{len(ta)} and {len(tb)} steps, largest train-loss difference {worst:.3g}; eval loss {ea['loss']:.6f} and {eb['loss']:.6f}, accuracy {ea['accuracy']} and {eb['accuracy']}")
-ok = worst <= step_tol and abs(ea["loss"] - eb["loss"]) <= tol * max(1, abs(eb["loss"])) and abs(ea["accuracy"] - eb["accuracy"]) <= acc_tol
-sys.exit(0 if ok else 1)
-PY
-}
 
-# Two processes of micro-batch 32 take the same steps as one of 64 (the global batch is
-# micro-batch × world): the gradient all-reduce (ncclAvg) runs through the emulated NCCL between
-# the processes, device 1 for rank 1.
+# N processes of micro-batch 64/N take the same steps as one of 64 (the global batch is
+# micro-batch × world): the gradient all-reduce (ncclAvg) runs through the emulated NCCL
+# between the processes, device r for rank r. Only the order of the gradient's sums differs
+# (per rank, then across ranks), and in fp32 that stays within 1e-4 over all 300 steps
+# (measured 2.4e-7 at 2 processes). In fp16 and bf16 each rank's gradient is rounded to the
+# format before the reduction, which rounds again after each rank: the runs part like the
+# MLP's above (measured at 2 processes: fp16 within 5.3e-5 to step 10, bf16 3.4e-4, the
+# steps 8 times coarser; final evaluations within 0.6% and 0.002), so per-step losses are
+# held tightly to step 10 and the end by its evaluation.
+launch() { # PRECISION NPROC
+  local p=$1 n=$2
+  step "qvd-cuda launch --nproc $n --device cuda --transport nccl against one process (MLP, $p, $lsteps steps)"
+  local common=(-c configs/fashion-mlp.yaml --device cuda --precision "$p" --data "$data" --seed 5 --max-steps "$lsteps" --quiet)
+  rm -rf "$log/launch-$p-n$n"
+  QVD_CUDAEMU_DEVICES=$n bin/qvd-cuda launch --nproc "$n" --transport nccl --micro-batch $((64 / n)) --out "$log/launch-$p-n$n" "${common[@]}" \
+    > "$log/launch-$p-n$n.log" 2>&1 || { cat "$log/launch-$p-n$n.log"; exit 1; }
+  grep -q '"transport": "nccl"' "$log/launch-$p-n$n.log" || { echo "emulate: the launch did not run over NCCL" >&2; exit 1; }
+  if [ ! -f "$log/launch-$p-n1/metrics.jsonl" ]; then
+    bin/qvd-cuda train --micro-batch 64 --out "$log/launch-$p-n1" "${common[@]}" > "$log/launch-$p-n1.log" 2>&1 \
+      || { cat "$log/launch-$p-n1.log"; exit 1; }
+  fi
+  compare "$log/launch-$p-n$n" "$log/launch-$p-n1" ${LAUNCH_TOL[$p]} \
+    || { echo "emulate: $n processes over NCCL diverge from 1 process ($p)" >&2; exit 1; }
+}
+# STEP_TOL UPTO EVAL_TOL ACC_TOL per precision.
+declare -A LAUNCH_TOL=([fp32]="1e-4 1000000 1e-4 0.002" [fp16]="1e-3 10 0.03 0.01" [bf16]="5e-3 10 0.03 0.01")
 lsteps=$([ "$mode" = quick ] && echo 100 || echo 300)
-step "qvd-cuda launch --nproc 2 --device cuda --transport nccl against one process (MLP, $lsteps steps)"
-common=(-c configs/fashion-mlp.yaml --device cuda --data "$data" --seed 5 --max-steps "$lsteps" --quiet)
-rm -rf "$log"/launch-nccl-n[12] "$log"/train-cnn-*
-QVD_CUDAEMU_DEVICES=2 bin/qvd-cuda launch --nproc 2 --transport nccl --micro-batch 32 --out "$log/launch-nccl-n2" "${common[@]}" \
-  > "$log/launch-nccl-n2.log" 2>&1 || { cat "$log/launch-nccl-n2.log"; exit 1; }
-grep -q '"transport": "nccl"' "$log/launch-nccl-n2.log" || { echo "emulate: the launch did not run over NCCL" >&2; exit 1; }
-bin/qvd-cuda train --micro-batch 64 --out "$log/launch-nccl-n1" "${common[@]}" > "$log/launch-nccl-n1.log" 2>&1 \
-  || { cat "$log/launch-nccl-n1.log"; exit 1; }
-compare "$log/launch-nccl-n2" "$log/launch-nccl-n1" 1e-4 1e-4 0.002 \
-  || { echo "emulate: 2 processes over NCCL diverge from 1 process" >&2; exit 1; }
+rm -rf "$log"/launch-* "$log"/train-cnn-*
+launch fp32 2
+if [ "$mode" != quick ]; then
+  launch fp16 2
+  launch bf16 2
+  launch fp32 4
+fi
 
 if [ "$mode" != quick ]; then
-  # The reference device's convolutions are slow on a CPU: small micro-batches and a test subset.
-  csteps=200
+  # The reference device's convolutions are slow on a CPU: small micro-batches and a test
+  # subset. Micro-batches of 16 make the trajectories part sooner than the MLP's: measured,
+  # within 5.5e-6 to step 50, 2.5e-4 by step 100 and 0.2 by step 200, so the run stops at
+  # 100, while its evaluation still means one trajectory (measured: loss within 2.1e-4,
+  # accuracy equal). The CUDA convolution (im2col, one GEMM, col2im) sums in another order
+  # than the reference's per-sample loops, so QVD_CUDAEMU_GEMM=sequential does not bring them
+  # closer (the same 5.5e-6 and 0.2, five times slower): the drift is the model's, not
+  # cuBLAS's.
+  csteps=100
   step "qvd-cuda train --device cuda against --device reference (CNN, $csteps steps)"
   for d in cuda reference; do
     bin/qvd-cuda train -c configs/fashion-cnn.yaml --device "$d" --data "$data" --micro-batch 16 --test-subset 1000 \
       --out "$log/train-cnn-$d" --max-steps "$csteps" --quiet > "$log/train-cnn-$d.log" 2>&1 || { cat "$log/train-cnn-$d.log"; exit 1; }
   done
-  # Single steps of 16 samples drift apart chaotically with the summation order (up to 20%
-  # by step 200); the evaluations on 1000 test images agree to about 1% in loss.
-  compare "$log/train-cnn-cuda" "$log/train-cnn-reference" inf 0.02 0.02 \
+  compare "$log/train-cnn-cuda" "$log/train-cnn-reference" 1e-4 50 0.005 0.005 \
     || { echo "emulate: --device cuda and --device reference diverge (CNN)" >&2; exit 1; }
 fi
 
