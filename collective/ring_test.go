@@ -122,10 +122,20 @@ func TestNewRingConfig(t *testing.T) {
 		{Transport: "inproc", Timeout: time.Millisecond, ChunkBytes: 1 << 16},
 		{Transport: "inproc", Timeout: time.Second, ChunkBytes: 100},
 		{Transport: "carrier-pigeon", Timeout: time.Second, ChunkBytes: 1 << 16},
+		{Transport: "inproc", Timeout: time.Second, ChunkBytes: 1 << 16, ShmChunkBytes: 100},
 	} {
 		if _, err := collective.NewRing(ts[0], cfg); err == nil {
 			t.Errorf("NewRing accepted %+v", cfg)
 		}
+	}
+	// ForShm: shared memory's pieces where set, chunk_bytes' otherwise.
+	c := collective.DefaultConfig()
+	if got := c.ForShm().ChunkBytes; got != c.ShmChunkBytes || got == c.ChunkBytes {
+		t.Errorf("ForShm of the default: %d-byte pieces, want shm_chunk_bytes' %d", got, c.ShmChunkBytes)
+	}
+	c.ShmChunkBytes = 0
+	if got := c.ForShm().ChunkBytes; got != c.ChunkBytes {
+		t.Errorf("ForShm with shm_chunk_bytes 0: %d-byte pieces, want chunk_bytes' %d", got, c.ChunkBytes)
 	}
 }
 

@@ -116,12 +116,24 @@ type Config struct {
 	Timeout time.Duration `yaml:"timeout" json:"timeout"`
 	// ChunkBytes is the pipelining piece size on the wire.
 	ChunkBytes int `yaml:"chunk_bytes" json:"chunk_bytes"`
+	// ShmChunkBytes is the piece size of rings over shared memory (0: ChunkBytes). Larger
+	// pieces pay off there: a piece costs a wake-up of the peer but no system call per byte.
+	ShmChunkBytes int `yaml:"shm_chunk_bytes" json:"shm_chunk_bytes"`
 }
 
 // DefaultConfig: auto, 20 s timeout, 512 KiB pieces (the range 256 KiB–1 MiB measured best
-// for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md).
+// for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md), 2 MiB over shared
+// memory (+12% busbw at 2 ranks against 512 KiB, the same at 4; docs/performance.md).
 func DefaultConfig() Config {
-	return Config{Transport: "auto", Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
+	return Config{Transport: "auto", Timeout: 20 * time.Second, ChunkBytes: 512 << 10, ShmChunkBytes: 2 << 20}
+}
+
+// ForShm is c for a ring over shared memory: its pieces are ShmChunkBytes where that is set.
+func (c Config) ForShm() Config {
+	if c.ShmChunkBytes > 0 {
+		c.ChunkBytes = c.ShmChunkBytes
+	}
+	return c
 }
 
 // Validate checks the fields; errors name the field.
@@ -133,6 +145,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("timeout: must be between 100ms and 1h, got %v", c.Timeout)
 	case c.ChunkBytes < 4<<10 || c.ChunkBytes > 64<<20:
 		return fmt.Errorf("chunk_bytes: must be between 4 KiB and 64 MiB, got %d", c.ChunkBytes)
+	case c.ShmChunkBytes != 0 && (c.ShmChunkBytes < 4<<10 || c.ShmChunkBytes > 64<<20):
+		return fmt.Errorf("shm_chunk_bytes: must be 0 (chunk_bytes) or between 4 KiB and 64 MiB, got %d", c.ShmChunkBytes)
 	}
 	return nil
 }

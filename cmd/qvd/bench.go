@@ -93,7 +93,7 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 	fs.IntVar(&f.root, "root", 0, "broadcast's root rank")
 	fs.IntVar(&f.iters, "iters", 20, "timed iterations per size")
 	fs.IntVar(&f.warmup, "warmup", 3, "untimed iterations per size")
-	fs.IntVar(&f.chunk, "chunk-bytes", collective.DefaultConfig().ChunkBytes, "pipelining piece size")
+	fs.IntVar(&f.chunk, "chunk-bytes", 0, "pipelining piece size (default: collective.chunk_bytes' 512 KiB, 2 MiB over shared memory)")
 	f.nodes.register(fs)
 	fs.BoolVar(&f.serve, "serve", false, "internal: run as a benchmark worker")
 	fs.StringVar(&f.join, "join", "", "internal: coordinator address to join")
@@ -119,6 +119,9 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 		return exitUsage
 	case f.root < 0 || f.root >= f.nproc*f.nodes.nnodes:
 		fmt.Fprintf(stderr, "qvd bench: --root must be in [0, %d), got %d\n", f.nproc*f.nodes.nnodes, f.root)
+		return exitUsage
+	case f.chunk != 0 && (f.chunk < 4<<10 || f.chunk > 64<<20):
+		fmt.Fprintf(stderr, "qvd bench: --chunk-bytes must be between 4 KiB and 64 MiB, got %d\n", f.chunk)
 		return exitUsage
 	case f.iters < 1 || f.warmup < 0:
 		fmt.Fprintln(stderr, "qvd bench: --iters must be >= 1 and --warmup >= 0")
@@ -217,7 +220,10 @@ func benchWorker(ctx context.Context, f benchFlags, spec benchSpec, sizes []int6
 		return exitFailure
 	}
 	ccfg := collective.DefaultConfig()
-	ccfg.Transport, ccfg.ChunkBytes = f.transport, f.chunk
+	ccfg.Transport = f.transport
+	if f.chunk > 0 { // --chunk-bytes: every ring's pieces, shared memory's too
+		ccfg.ChunkBytes, ccfg.ShmChunkBytes = f.chunk, f.chunk
+	}
 	if f.transport == "nccl" {
 		ccfg.Transport = "grpc" // NCCL's unique id is exchanged over the gRPC ring
 	}
@@ -240,8 +246,16 @@ func benchWorker(ctx context.Context, f benchFlags, spec benchSpec, sizes []int6
 		if f.transport == "nccl" {
 			plan = "nccl"
 		}
-		fmt.Fprintf(stdout, "# qvd %s: %d ranks, %s on the wire, %s transport (%s), %d iterations (+%d warm-up), pieces of %d bytes\n",
-			spec.coll.title, comm.Size(), spec.wire, plan, f.transport, f.iters, f.warmup, f.chunk)
+		pieces := ccfg.ChunkBytes
+		if d.plan == collective.PlanShm {
+			pieces = ccfg.ForShm().ChunkBytes
+		}
+		pieceText := fmt.Sprintf("pieces of %d bytes", pieces)
+		if d.plan == collective.PlanHierarchical {
+			pieceText = fmt.Sprintf("pieces of %d bytes within a host, %d across", ccfg.ForShm().ChunkBytes, ccfg.ChunkBytes)
+		}
+		fmt.Fprintf(stdout, "# qvd %s: %d ranks, %s on the wire, %s transport (%s), %d iterations (+%d warm-up), %s\n",
+			spec.coll.title, comm.Size(), spec.wire, plan, f.transport, f.iters, f.warmup, pieceText)
 	}
 	wrong, err := runBench(ctx, comm, spec, sizes, stdout)
 	if err != nil {

@@ -323,7 +323,7 @@ func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collec
 		m.log.Info("data plane chosen", zap.String("plan", string(plan)), zap.String("why", reason))
 	}
 	d := &dataPlane{plan: plan, wire: &collective.WireCounts{}}
-	ring := func(t collective.Transport) (collective.Communicator, error) {
+	ring := func(t collective.Transport, cfg collective.Config) (collective.Communicator, error) {
 		t = collective.CountInto(t, d.wire)
 		d.transports = append(d.transports, t)
 		return collective.NewRing(t, cfg)
@@ -352,7 +352,11 @@ func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collec
 		if err != nil {
 			return fail(err)
 		}
-		if d.comm, err = ring(t); err != nil {
+		rcfg := cfg
+		if plan == collective.PlanShm {
+			rcfg = cfg.ForShm()
+		}
+		if d.comm, err = ring(t, rcfg); err != nil {
 			return fail(err)
 		}
 		return d, nil
@@ -363,7 +367,7 @@ func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collec
 	if err != nil {
 		return fail(err)
 	}
-	local, err := ring(lt)
+	local, err := ring(lt, cfg.ForShm())
 	if err != nil {
 		return fail(err)
 	}
@@ -372,7 +376,7 @@ func (m *member) communicator(ctx context.Context, r *cluster.Roster, cfg collec
 		local.Close()
 		return fail(err)
 	}
-	cross, err := ring(ct)
+	cross, err := ring(ct, cfg)
 	if err != nil {
 		local.Close()
 		return fail(err)
