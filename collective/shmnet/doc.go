@@ -75,18 +75,6 @@
 // serialised. Recv for a peer is called by one goroutine at a time (the Transport contract).
 // The transport starts no goroutines: all waiting happens in the caller's.
 //
-// Measured (2026-11-24, shared 2-core AMD EPYC VM, load average 2.5–5 from other engineers'
-// jobs the whole time, so wall-clock figures are low and noisy; CPU per call is the steadier
-// figure). 64 MiB fp32 all-reduce, Ring with 512 KiB pieces, ranks in one process,
-// go test -run '^$' -bench . -benchtime 5x ./collective/shmnet:
-//
-//	            busbw GB/s (shm)   busbw GB/s (tcpnet, same run)   CPU ms per call (shm)
-//	N=2 1 MiB   1.6–2.8            0.47–1.04                       33–41
-//	N=2 4 MiB   1.3–2.8                                            38–45
-//	N=4 1 MiB   0.75–1.22          0.63–0.87                       86–122
-//	N=4 4 MiB   0.63–1.23                                          116–131
-//
-// On a quiet machine, CPU per call bounds wall time from below at CPU/2: about 17–20 ms at
-// N=2 (≈3.3–4 GB/s busbw) and 43 ms at N=4 (≈2.3 GB/s). About two thirds of the CPU is
-// memmove into and out of the rings, a tenth the reduction.
+// Figures against OpenMPI's shared memory and gloo, measured across processes with qvd bench,
+// are in docs/performance.md ("Shared memory and hierarchical collectives").
 package shmnet
