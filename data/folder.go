@@ -246,26 +246,37 @@ type folderSource struct {
 }
 
 func (s *folderSource) read(i int, dst []uint8) error {
-	f, err := os.Open(s.paths[i])
+	return ReadImage(dst, s.paths[i], s.c, s.h, s.w)
+}
+
+// ReadImage decodes the PNG or JPEG file at path into dst (c × h × w bytes) as an image
+// folder's sample is: c planes (1: grey by BT.601 luma, 3: R, G, B), resized bilinearly when
+// the file has another size. qvd predict reads its images through it, so a model sees the
+// same pixels at inference as in training. Errors wrap ErrBadData where the file is at fault.
+func ReadImage(dst []uint8, path string, c, h, w int) error {
+	if len(dst) != c*h*w {
+		return fmt.Errorf("data: reading %s: a buffer of %d bytes for %d × %d × %d", path, len(dst), c, h, w)
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	img, _, err := image.Decode(bufio.NewReader(f))
 	if err != nil {
-		return fmt.Errorf("%w: decoding %s: %v", ErrBadData, s.paths[i], err)
+		return fmt.Errorf("%w: decoding %s: %v", ErrBadData, path, err)
 	}
 	b := img.Bounds()
-	if b.Dy() == s.h && b.Dx() == s.w {
-		planar(dst, img, s.c)
+	if b.Dy() == h && b.Dx() == w {
+		planar(dst, img, c)
 		return nil
 	}
 	if b.Empty() {
-		return fmt.Errorf("%w: %s is an empty image", ErrBadData, s.paths[i])
+		return fmt.Errorf("%w: %s is an empty image", ErrBadData, path)
 	}
-	tmp := make([]uint8, s.c*b.Dy()*b.Dx())
-	planar(tmp, img, s.c)
-	resizeBilinear(dst, tmp, s.c, b.Dy(), b.Dx(), s.h, s.w)
+	tmp := make([]uint8, c*b.Dy()*b.Dx())
+	planar(tmp, img, c)
+	resizeBilinear(dst, tmp, c, b.Dy(), b.Dx(), h, w)
 	return nil
 }
 

@@ -434,3 +434,19 @@ func TestConfigNorm(t *testing.T) {
 		t.Fatalf("std for 3 channels on 1: %v", err)
 	}
 }
+
+// TestReadImageErrors: the exported decoder refuses a buffer of the wrong size, and a file
+// that is not an image is ErrBadData naming it (qvd predict reports both).
+func TestReadImageErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "not-an-image.png")
+	if err := os.WriteFile(bad, []byte("plain text"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadImage(make([]uint8, 10), bad, 1, 4, 4); err == nil || !strings.Contains(err.Error(), "buffer of 10 bytes") {
+		t.Errorf("a 10-byte buffer for 1×4×4: %v", err)
+	}
+	if err := ReadImage(make([]uint8, 16), bad, 1, 4, 4); !errors.Is(err, ErrBadData) || !strings.Contains(err.Error(), "not-an-image.png") {
+		t.Errorf("a text file: %v, want ErrBadData naming the file", err)
+	}
+}

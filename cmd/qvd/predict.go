@@ -1,16 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"image"
-	"image/color"
-	_ "image/jpeg" // registers JPEG with image.Decode
-	_ "image/png"  // registers PNG with image.Decode
 	"io"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/qvd/qvd/data"
@@ -224,42 +219,20 @@ func isqrt(n int) (int, bool) {
 	return r, r*r == n
 }
 
-// loadImage decodes a PNG or JPEG file into dst as the model's input: c planes (1: grey by
-// the standard library's BT.601 luma, 3: R, G, B) of h × w, resized bilinearly when the image
-// has another size, rounded to bytes and normalised as the training batches are. data/ has
-// the same conversion for image folders but does not export it, hence this small copy.
+// loadImage decodes a PNG or JPEG file into dst as the model's input, with image folders'
+// conversion (data.ReadImage: c planes of h × w, resized bilinearly), normalised as the
+// training batches are.
 func loadImage(dst []float32, path string, c, h, w int, norm data.Normalize) error {
 	if c != 1 && c != 3 {
 		return fmt.Errorf("%s: the model takes %d input channels; images give 1 (grey) or 3 (RGB)", path, c)
 	}
-	f, err := os.Open(path)
-	if err != nil {
+	pix := make([]uint8, c*h*w)
+	if err := data.ReadImage(pix, path, c, h, w); err != nil {
+		if errors.Is(err, data.ErrBadData) {
+			return fmt.Errorf("image %s: not a PNG or JPEG image: %w", path, err)
+		}
 		return fmt.Errorf("image: %w", err)
 	}
-	defer f.Close()
-	img, _, err := image.Decode(bufio.NewReader(f))
-	if err != nil {
-		return fmt.Errorf("image %s: not a PNG or JPEG image: %w", path, err)
-	}
-	b := img.Bounds()
-	if b.Empty() {
-		return fmt.Errorf("image %s: empty", path)
-	}
-	src := make([]uint8, c*b.Dy()*b.Dx())
-	for y := 0; y < b.Dy(); y++ {
-		for x := 0; x < b.Dx(); x++ {
-			px := img.At(b.Min.X+x, b.Min.Y+y)
-			i := y*b.Dx() + x
-			if c == 1 {
-				src[i] = color.GrayModel.Convert(px).(color.Gray).Y
-				continue
-			}
-			n := color.NRGBAModel.Convert(px).(color.NRGBA)
-			plane := b.Dy() * b.Dx()
-			src[i], src[plane+i], src[2*plane+i] = n.R, n.G, n.B
-		}
-	}
-	pix := bilinear(src, c, b.Dy(), b.Dx(), h, w)
 	for ch := 0; ch < c; ch++ {
 		n := norm
 		if ch < len(norm.PerChannel) {
@@ -271,35 +244,4 @@ func loadImage(dst []float32, path string, c, h, w int, norm data.Normalize) err
 		}
 	}
 	return nil
-}
-
-// bilinear resamples c planes of sh × sw bytes to dh × dw, on pixel centres
-// (align_corners=False, as PIL and torchvision), rounding to the nearest byte.
-func bilinear(src []uint8, c, sh, sw, dh, dw int) []uint8 {
-	if sh == dh && sw == dw {
-		return src
-	}
-	axis := func(i int, scale float64, n int) (int, int, float64) {
-		s := max((float64(i)+0.5)*scale-0.5, 0)
-		lo := int(s)
-		if lo >= n-1 {
-			return n - 1, n - 1, 0
-		}
-		return lo, lo + 1, s - float64(lo)
-	}
-	dst := make([]uint8, c*dh*dw)
-	sy, sx := float64(sh)/float64(dh), float64(sw)/float64(dw)
-	for ch := 0; ch < c; ch++ {
-		in, out := src[ch*sh*sw:][:sh*sw], dst[ch*dh*dw:][:dh*dw]
-		for y := 0; y < dh; y++ {
-			y0, y1, fy := axis(y, sy, sh)
-			for x := 0; x < dw; x++ {
-				x0, x1, fx := axis(x, sx, sw)
-				top := float64(in[y0*sw+x0])*(1-fx) + float64(in[y0*sw+x1])*fx
-				bot := float64(in[y1*sw+x0])*(1-fx) + float64(in[y1*sw+x1])*fx
-				out[y*dw+x] = uint8(math.Min(255, math.Max(0, math.Round(top*(1-fy)+bot*fy))))
-			}
-		}
-	}
-	return dst
 }
