@@ -130,8 +130,9 @@ func TestNewRingConfig(t *testing.T) {
 	}
 	// ForShm: shared memory's pieces where set, chunk_bytes' otherwise.
 	c := collective.DefaultConfig()
+	c.ShmChunkBytes = 2 << 20
 	if got := c.ForShm().ChunkBytes; got != c.ShmChunkBytes || got == c.ChunkBytes {
-		t.Errorf("ForShm of the default: %d-byte pieces, want shm_chunk_bytes' %d", got, c.ShmChunkBytes)
+		t.Errorf("ForShm with shm_chunk_bytes 2 MiB: %d-byte pieces, want %d", got, c.ShmChunkBytes)
 	}
 	c.ShmChunkBytes = 0
 	if got := c.ForShm().ChunkBytes; got != c.ChunkBytes {

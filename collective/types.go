@@ -116,16 +116,17 @@ type Config struct {
 	Timeout time.Duration `yaml:"timeout" json:"timeout"`
 	// ChunkBytes is the pipelining piece size on the wire.
 	ChunkBytes int `yaml:"chunk_bytes" json:"chunk_bytes"`
-	// ShmChunkBytes is the piece size of rings over shared memory (0: ChunkBytes). Larger
-	// pieces pay off there: a piece costs a wake-up of the peer but no system call per byte.
+	// ShmChunkBytes is the piece size of rings over shared memory (0, the default:
+	// ChunkBytes). Larger pieces pay off there in bandwidth (2 MiB: +12% busbw at 2 ranks) but
+	// cost resident memory: the ring's receive buffers grow with the piece (about 20 MiB per
+	// rank more at 2 MiB; docs/performance.md), which is why the default stays at ChunkBytes.
 	ShmChunkBytes int `yaml:"shm_chunk_bytes" json:"shm_chunk_bytes"`
 }
 
 // DefaultConfig: auto, 20 s timeout, 512 KiB pieces (the range 256 KiB–1 MiB measured best
-// for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md), 2 MiB over shared
-// memory (+12% busbw at 2 ranks against 512 KiB, the same at 4; docs/performance.md).
+// for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md), on shared memory too.
 func DefaultConfig() Config {
-	return Config{Transport: "auto", Timeout: 20 * time.Second, ChunkBytes: 512 << 10, ShmChunkBytes: 2 << 20}
+	return Config{Transport: "auto", Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
 }
 
 // ForShm is c for a ring over shared memory: its pieces are ShmChunkBytes where that is set.

@@ -93,7 +93,7 @@ func cmdBenchColl(ctx context.Context, coll benchColl, args []string, stdout, st
 	fs.IntVar(&f.root, "root", 0, "broadcast's root rank")
 	fs.IntVar(&f.iters, "iters", 20, "timed iterations per size")
 	fs.IntVar(&f.warmup, "warmup", 3, "untimed iterations per size")
-	fs.IntVar(&f.chunk, "chunk-bytes", 0, "pipelining piece size (default: collective.chunk_bytes' 512 KiB, 2 MiB over shared memory)")
+	fs.IntVar(&f.chunk, "chunk-bytes", 0, "pipelining piece size, over shared memory too (default: collective.chunk_bytes' 512 KiB)")
 	f.nodes.register(fs)
 	fs.BoolVar(&f.serve, "serve", false, "internal: run as a benchmark worker")
 	fs.StringVar(&f.join, "join", "", "internal: coordinator address to join")
