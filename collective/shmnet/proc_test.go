@@ -223,34 +223,7 @@ func TestProcessKilled(t *testing.T) {
 		c.line(t, r, "READY", procTimeout())
 	}
 	time.Sleep(20 * time.Millisecond)
-	killed := time.Now()
-	if err := cs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	for r, c := range cs {
-		if r == victim {
-			continue
-		}
-		l := c.line(t, r, "FAIL", 20*time.Second)
-		var rank int
-		var gone bool
-		var at int64
-		if _, err := fmt.Sscanf(l, "FAIL rank=%d gone=%t at=%d", &rank, &gone, &at); err != nil {
-			t.Fatalf("rank %d: %q: %v", r, l, err)
-		}
-		if rank != victim {
-			t.Errorf("rank %d blames rank %d, want the killed rank %d: %s", r, rank, victim, l)
-		}
-		if el := time.Unix(0, at).Sub(killed); el > 3*time.Second {
-			t.Errorf("rank %d noticed the kill after %v: %s", r, el, l)
-		}
-		if r == (victim+1)%n && !gone {
-			t.Errorf("rank %d, the killed rank's successor, should report ErrPeerGone: %s", r, l)
-		}
-	}
-	if left := segFiles(t, dir); len(left) != 0 {
-		t.Fatalf("segment files left: %v", left)
-	}
+	killAndExpectBlame(t, cs, victim, dir)
 }
 
 // TestPidNamespaces: ranks in pid namespaces of their own, each pid 1 as in containers
@@ -275,34 +248,7 @@ func TestPidNamespaces(t *testing.T) {
 			t.Fatalf("rank %d runs as pid %d in its namespace, want 1", r, pid)
 		}
 	}
-	killed := time.Now()
-	if err := cs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	for r, c := range cs {
-		if r == victim {
-			continue
-		}
-		l := c.line(t, r, "FAIL", 20*time.Second)
-		var rank int
-		var gone bool
-		var at int64
-		if _, err := fmt.Sscanf(l, "FAIL rank=%d gone=%t at=%d", &rank, &gone, &at); err != nil {
-			t.Fatalf("rank %d: %q: %v", r, l, err)
-		}
-		if rank != victim {
-			t.Errorf("rank %d blames rank %d, want the killed rank %d: %s", r, rank, victim, l)
-		}
-		if el := time.Unix(0, at).Sub(killed); el > 3*time.Second {
-			t.Errorf("rank %d noticed the kill after %v: %s", r, el, l)
-		}
-		if r == (victim+1)%n && !gone {
-			t.Errorf("rank %d, the killed rank's successor, should report ErrPeerGone: %s", r, l)
-		}
-	}
-	if left := segFiles(t, dir); len(left) != 0 {
-		t.Fatalf("segment files left: %v", left)
-	}
+	killAndExpectBlame(t, cs, victim, dir)
 }
 
 // TestKilledWhileAttaching: a rank killed while its segment still has a name (waiting for a
@@ -344,5 +290,40 @@ func testKilledWhileAttaching(t *testing.T, newPidNS bool) {
 	_ = tr.Close()
 	if _, err := os.Stat(filepath.Join(dir, left[0])); !os.IsNotExist(err) {
 		t.Fatalf("the orphan %s survived the next New: %v", left[0], err)
+	}
+}
+
+// killAndExpectBlame SIGKILLs the running child victim; every other child must fail within
+// 3 s blaming it (its successor with ErrPeerGone), and no segment file may be left in dir.
+func killAndExpectBlame(t *testing.T, cs []*child, victim int, dir string) {
+	t.Helper()
+	n := len(cs)
+	killed := time.Now()
+	if err := cs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range cs {
+		if r == victim {
+			continue
+		}
+		l := c.line(t, r, "FAIL", 20*time.Second)
+		var rank int
+		var gone bool
+		var at int64
+		if _, err := fmt.Sscanf(l, "FAIL rank=%d gone=%t at=%d", &rank, &gone, &at); err != nil {
+			t.Fatalf("rank %d: %q: %v", r, l, err)
+		}
+		if rank != victim {
+			t.Errorf("rank %d blames rank %d, want the killed rank %d: %s", r, rank, victim, l)
+		}
+		if el := time.Unix(0, at).Sub(killed); el > 3*time.Second {
+			t.Errorf("rank %d noticed the kill after %v: %s", r, el, l)
+		}
+		if r == (victim+1)%n && !gone {
+			t.Errorf("rank %d, the killed rank's successor, should report ErrPeerGone: %s", r, l)
+		}
+	}
+	if left := segFiles(t, dir); len(left) != 0 {
+		t.Fatalf("segment files left: %v", left)
 	}
 }
