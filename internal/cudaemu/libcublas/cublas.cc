@@ -10,6 +10,8 @@
 // half and bfloat16 operands are widened to float exactly, multiplied in float (fp32
 // accumulation, CUBLAS_COMPUTE_32F) and C is rounded once to its type, to nearest even.
 #include <cuda.h>
+
+#include "../libcuda/hooks.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,10 +24,6 @@
 extern "C" {
 void cblas_sgemm(int order, int transA, int transB, int m, int n, int k, float alpha, const float *a, int lda,
                  const float *b, int ldb, float beta, float *c, int ldc);
-int cudaemu_enqueue(CUstream s, int (*fn)(void *, char *, size_t), void *arg, void (*del)(void *));
-int cudaemu_check_range(uintptr_t p, size_t n, char *msg, size_t cap);
-void cudaemu_fail(int code, const char *msg);
-void cudaemu_count(const char *kind, const char *name);
 }
 
 namespace {

@@ -22,6 +22,8 @@
 // which each driver entry point and kernel is appended the first time it is used.
 #include <cuda.h>
 
+#include "hooks.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>

@@ -37,6 +37,8 @@
 // 4096 KiB by default; a small one makes every collective run in many chunks. Entry points
 // are counted with the driver's coverage (QVD_CUDAEMU_COVERAGE, kind "nccl").
 #include <cuda.h>
+
+#include "../libcuda/hooks.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -63,13 +65,6 @@
 #include <thread>
 #include <type_traits>
 #include <unistd.h>
-
-extern "C" {
-int cudaemu_enqueue(CUstream s, int (*fn)(void *, char *, size_t), void *arg, void (*del)(void *));
-int cudaemu_check_range(uintptr_t p, size_t n, char *msg, size_t cap);
-void cudaemu_fail(int code, const char *msg);
-void cudaemu_count(const char *kind, const char *name);
-}
 
 namespace {
 
