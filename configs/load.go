@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/qvd/qvd/model"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -78,7 +79,36 @@ func Parse(text []byte, source string) (Config, error) {
 	if len(errs) > 0 {
 		return Config{}, fmt.Errorf("%w: %s:\n  %w", ErrInvalid, source, joinLines(errs))
 	}
+	modelDefaults(doc.Content[0], &c)
 	return c, nil
+}
+
+// modelDefaults settles what the model's defaults depend on: `layers` without a `type` means
+// type layers, and the MLP's default hidden sizes apply to types mlp and cnn only.
+func modelDefaults(root *yaml.Node, c *Config) {
+	m := mappingValue(root, "model")
+	if m == nil {
+		return
+	}
+	if mappingValue(m, "layers") != nil && mappingValue(m, "type") == nil {
+		c.Model.Type = model.TypeLayers
+	}
+	if (c.Model.Type == model.TypeViT || c.Model.Type == model.TypeLayers) && mappingValue(m, "hidden") == nil {
+		c.Model.Hidden = nil
+	}
+}
+
+// mappingValue is the value of key in a mapping node, nil if absent.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
 
 func joinLines(errs []error) error {
@@ -94,6 +124,15 @@ func joinLines(errs []error) error {
 func decodeStrict(node *yaml.Node, v reflect.Value, path string, errs *[]error) {
 	if node.Kind == yaml.AliasNode && node.Alias != nil {
 		node = node.Alias
+	}
+	if v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct && node.Kind == yaml.SequenceNode {
+		// A list of sections (model.layers): each element strictly, named by its index.
+		s := reflect.MakeSlice(v.Type(), len(node.Content), len(node.Content))
+		for i, el := range node.Content {
+			decodeStrict(el, s.Index(i), fmt.Sprintf("%s[%d]", path, i), errs)
+		}
+		v.Set(s)
+		return
 	}
 	if v.Kind() != reflect.Struct {
 		if err := node.Decode(v.Addr().Interface()); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/vec"
+	"github.com/qvd/qvd/model"
 )
 
 // DType is the element type of a device buffer.
@@ -194,6 +195,62 @@ type Device interface {
 	// cross-entropy into loss (F32, rows) and dlogits = (softmax − onehot)·scale (dlogits may
 	// alias logits).
 	SoftmaxXent(dlogits, loss, logits, labels Buf, rows, classes int, scale float32)
+	// GemmBatched is batch GemmLD calls at once (cublasGemmStridedBatchedEx): the i-th
+	// multiplies the matrices starting i·strideA, i·strideB and i·strideC elements into a, b
+	// and c. Multi-head attention runs one per head over the micro-batch. A stride may be 0
+	// (every GEMM reads the same matrix), but never strideC.
+	GemmBatched(transA, transB bool, m, n, k int, alpha float32, a Buf, lda, strideA int, b Buf, ldb, strideB int, beta float32, c Buf, ldc, strideC int, batch int)
+	// Axpby sets y = a·x + b·y elementwise (same length; x may be y): the residual add
+	// (a = b = 1) and scaling (a mean pool's 1/n).
+	Axpby(y, x Buf, a, b float32)
+	// CopyRows copies a rows×cols block: dst[r·ldDst + c] = src[r·ldSrc + c], converting
+	// between floating-point types. ldSrc 0 repeats src's first row in every row (the class
+	// token broadcast over the batch). The views must cover their strided extents.
+	CopyRows(dst Buf, ldDst int, src Buf, ldSrc int, rows, cols int)
+	// LayerNorm normalises each row of x (rows × cols) over its cols elements, as
+	// torch.nn.LayerNorm: y = (x − μ)·rstd·gamma + beta, with μ the row's mean and rstd =
+	// 1/sqrt(σ² + eps), σ² the biased variance; gamma and beta have cols elements. It stores
+	// μ and rstd (F32, rows each) for the backward pass. y may alias x only if the backward
+	// pass will not need x: the engine never aliases them.
+	LayerNorm(y, mean, rstd, x, gamma, beta Buf, rows, cols int, eps float32)
+	// LayerNormBackward takes dy and the forward's x, mean, rstd and gamma and sets dgamma =
+	// b·dgamma + Σ_rows dy·x̂ and dbeta = b·dbeta + Σ_rows dy (x̂ = (x − μ)·rstd; either
+	// gradient may be an invalid Buf: frozen) and, if dx is Valid, the input gradient dx
+	// (dx may alias dy).
+	LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Buf, rows, cols int, b float32)
+	// GELU sets y = x·Φ(x), Φ the standard normal CDF (the exact erf form, torch.nn.GELU()'s
+	// default). y must not alias x: the backward pass reads x.
+	GELU(y, x Buf)
+	// GELUGrad sets dx = dy·(Φ(x) + x·φ(x)) (dx may alias dy).
+	GELUGrad(dx, dy, x Buf)
+	// Dropout sets y = x/(1−p) where DropoutKeep(seed, i, p) and 0 elsewhere, i the element's
+	// index in the view (y may alias x). The mask is a function of (seed, i), so the backward
+	// pass is Dropout on dy with the same seed, and every backend draws the same mask.
+	Dropout(y, x Buf, p float32, seed uint64)
+	// Softmax sets each row of y (rows × cols) to softmax(scale·x) over the row, computed in
+	// fp32 whatever the buffers' type (y may alias x).
+	Softmax(y, x Buf, rows, cols int, scale float32)
+	// SoftmaxGrad is Softmax's backward pass from its output y: dx = scale·y⊙(dy − Σ_c dy⊙y)
+	// per row (dx may alias dy).
+	SoftmaxGrad(dx, dy, y Buf, rows, cols int, scale float32)
+	// Patchify cuts x (n×c×h×w, h and w multiples of p) into non-overlapping p×p patches:
+	// cols is (n·(h/p)·(w/p)) × (c·p·p), row t of a sample its t-th patch in raster order, the
+	// patch's pixels in (channel, row, column) order, which is a Conv2d weight's [out, c, p, p]
+	// order: a stride-p convolution (a ViT's patch embedding) is then one GEMM.
+	Patchify(cols, x Buf, n, c, h, w, p int)
+	// Unpatchify is Patchify's adjoint (its inverse: the patches do not overlap): it writes
+	// every element of dx.
+	Unpatchify(dx, cols Buf, n, c, h, w, p int)
+	// BatchNorm normalises x (n×c×hw, NCHW) per channel, as torch.nn.BatchNorm2d. Training
+	// (train true): μ and σ² (biased) over the n·hw elements of each channel, stored as mean
+	// and rstd = 1/sqrt(σ² + eps) (F32, c each) for the backward pass and the running
+	// statistics. Evaluation (train false): mean and rstd are inputs (from the running
+	// statistics). Then y = (x − μ)·rstd·gamma + beta (y may alias x only in evaluation).
+	BatchNorm(y, mean, rstd, x, gamma, beta Buf, n, c, hw int, eps float32, train bool)
+	// BatchNormBackward is the training-mode backward pass: dgamma = b·dgamma + Σ dy·x̂,
+	// dbeta = b·dbeta + Σ dy per channel (either may be invalid: frozen) and, if dx is Valid,
+	// dx (may alias dy).
+	BatchNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Buf, n, c, hw int, b float32)
 	// AdamW is the fused optimizer step on fp32 master weights p with fp32 moments m and v
 	// for gradient g (any float type), with vec.AdamW's arithmetic (every operation rounded
 	// to float32, no fused multiply-add: the same bits as the CPU optimizer), then stores the
@@ -212,3 +269,9 @@ type Device interface {
 	// Close releases the device's context, streams and libraries.
 	Close() error
 }
+
+// DropoutKeep reports whether element i survives a dropout of probability p drawn with seed
+// (model.DropoutKeep: a SplitMix64 hash of (seed, i) compared, as a 24-bit fraction, with p).
+// Every backend computes this same function (the CUDA kernel in 64-bit integer arithmetic),
+// so a mask is identical on every device, every rank and after a resume.
+func DropoutKeep(seed, i uint64, p float32) bool { return model.DropoutKeep(seed, i, p) }

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
@@ -68,7 +69,19 @@ type Net struct {
 	onGrad func(g Buf, off int)
 	sink   model.GradSink // the host-memory pass's destination (ForwardBackward), nil otherwise
 	wrote  bool           // a piece went to sink in this pass
+	// dropSeed seeds the next training pass's dropout masks (SetDropoutSeed).
+	dropSeed uint64
+	onesN    int // the longest vector of ones mean pooling needs
 }
+
+// SetDropoutSeed seeds the dropout masks of the next training passes. The trainer derives
+// it from the run's seed, the step, the micro-batch and the rank, so a resumed run draws the
+// masks it would have drawn, and each rank draws its own (as each DDP process has its own
+// generator). The checkpointed backward pass recomputes a segment with the same masks.
+func (n *Net) SetDropoutSeed(seed uint64) { n.dropSeed = seed }
+
+// layerSeed is layer i's dropout seed in this pass.
+func (n *Net) layerSeed(i int) uint64 { return model.LayerSeed(n.dropSeed, i) }
 
 // HostMemory is a Device whose memory is the host's (the CPU backend): View makes a slice of
 // host memory a device buffer without a copy, Unview ends it.
@@ -113,12 +126,19 @@ func NewNet(alloc *Allocator, spec *model.Spec, layout *model.Layout, params []f
 		}
 		n.segs = segs
 	}
+	for _, l := range spec.Layers {
+		if l.Kind == model.MeanPool {
+			n.onesN = max(n.onesN, prod(l.InShape)/l.OutShape[0])
+		}
+	}
 	n.needDx = make([]bool, len(spec.Layers))
 	below := false
 	for i, l := range spec.Layers {
 		n.needDx[i] = below
-		if (l.Kind == model.Dense || l.Kind == model.Conv2D) && !layout.Tensors[l.Weight].Frozen {
-			below = true
+		for _, ti := range []int{l.Weight, l.Bias} {
+			if ti >= 0 && !layout.Tensors[ti].Frozen {
+				below = true
+			}
 		}
 	}
 	if n.hostm != nil && n.dt == F32 {
@@ -333,6 +353,25 @@ type pass struct {
 	n    *Net
 	bufs []Buf
 	err  error
+	// train: a training pass (dropout draws masks, batch norm uses and updates the batch's
+	// statistics); recompute: a checkpointed segment's second forward (the running
+	// statistics are not updated twice).
+	train, recompute bool
+	ones             Buf // a vector of ones (pooling's sums), grown on demand
+}
+
+// onesOf returns a view of at least n ones.
+func (p *pass) onesOf(n int) Buf {
+	if p.ones.N < n && p.err == nil {
+		p.ones = p.alloc(n, p.n.dt)
+		if p.err == nil {
+			p.n.dev.Fill(p.ones, 1)
+		}
+	}
+	if p.err != nil {
+		return Buf{}
+	}
+	return p.ones.Slice(0, n)
 }
 
 // fail records err (the first one wins).
@@ -357,6 +396,7 @@ func (p *pass) alloc(elems int, t DType) Buf {
 
 // release frees the buffers allocated since mark, except keep (which stay held by the pass).
 func (p *pass) release(mark int, keep ...Buf) {
+	keep = append(keep, p.ones) // shared by every layer that pools
 	kept := p.bufs[:mark]
 	for _, b := range p.bufs[mark:] {
 		held := false
@@ -383,6 +423,9 @@ func (p *pass) free() {
 type layerState struct {
 	in, out Buf // activations (out may alias in: ReLU runs in place)
 	idx     Buf // MaxPool2: the argmax indices
+	// LayerNorm, BatchNorm2d: the rows' (channels') mean and rstd; Attention: the attention
+	// probabilities in aux (N·heads·T·T); PatchEmbed: the patches in aux.
+	aux, aux2 Buf
 }
 
 // step runs forward and backward on b and leaves the gradient in n.gbuf. On a device with a
@@ -416,7 +459,7 @@ func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 	if b.N != n.micro || b.SampleSize != in {
 		return 0, fmt.Errorf("%w: training takes %d samples of %d values, got %d of %d", ErrBatch, n.micro, in, b.N, b.SampleSize)
 	}
-	p := &pass{n: n}
+	p := &pass{n: n, train: true}
 	defer p.free()
 	labels, err := n.labels(p, b)
 	if err != nil {
@@ -493,6 +536,7 @@ func (n *Net) runSegments(p *pass, b *data.Batch, labels, loss Buf, scale, beta 
 	for s := k - 1; s >= 0; s-- {
 		if s < k-1 {
 			mark = len(p.bufs)
+			p.recompute = true
 			n.forwardRange(p, st, inputs[s], n.segs[s], end(s), rows)
 		}
 		if p.err == nil {
@@ -578,17 +622,19 @@ func (n *Net) input(p *pass, b *data.Batch, rows int) Buf {
 // forwardRange runs layers [lo, hi) on h, recording their states in st, and returns the
 // output (an invalid Buf after an allocation failure, which p holds).
 func (n *Net) forwardRange(p *pass, st []layerState, h Buf, lo, hi, rows int) Buf {
+	var skips []Buf // the inputs of the open residual branches
 	for i := lo; i < hi; i++ {
 		l := n.spec.Layers[i]
 		st[i].in = h
 		switch l.Kind {
 		case model.Dense:
-			out := p.alloc(rows*l.Out, n.dt)
+			r := rows * l.Rows()
+			out := p.alloc(r*l.Out, n.dt)
 			if p.err != nil {
 				return Buf{}
 			}
-			n.dev.Gemm(false, false, rows, l.Out, l.In, 1, h, n.tensor(l.Weight), 0, out)
-			n.dev.AddBias(out, n.tensor(l.Bias), rows, l.Out, false)
+			n.dev.Gemm(false, false, r, l.Out, l.In, 1, h, n.tensor(l.Weight), 0, out)
+			n.dev.AddBias(out, n.tensor(l.Bias), r, l.Out, false)
 			h = out
 		case model.Conv2D:
 			cs := n.convShape(l, rows)
@@ -615,13 +661,241 @@ func (n *Net) forwardRange(p *pass, st []layerState, h Buf, lo, hi, rows int) Bu
 			h = out
 		case model.Flatten:
 			// NCHW is already [rows, c·h·w] row-major.
+		case model.LayerNorm:
+			r := rows * l.Rows()
+			out := p.alloc(r*l.Out, n.dt)
+			st[i].aux, st[i].aux2 = p.alloc(r, F32), p.alloc(r, F32)
+			if p.err != nil {
+				return Buf{}
+			}
+			n.dev.LayerNorm(out, st[i].aux, st[i].aux2, h, n.tensor(l.Weight), n.tensor(l.Bias), r, l.Out, l.Eps)
+			h = out
+		case model.BatchNorm2d:
+			h = n.batchNorm(p, st, i, h, rows)
+		case model.GELU:
+			out := p.alloc(h.N, n.dt)
+			if p.err != nil {
+				return Buf{}
+			}
+			n.dev.GELU(out, h) // a new buffer: the backward pass reads the input
+			h = out
+		case model.Dropout:
+			if p.train {
+				n.dev.Dropout(h, h, l.P, n.layerSeed(i)) // its backward needs only the seed
+			}
+		case model.Residual:
+			skips = append(skips, h)
+			if next := n.spec.Layers[i+1].Kind; next == model.ReLU || next == model.Dropout || next == model.Add {
+				// The branch would start by writing over its input, which the Add needs.
+				out := p.alloc(h.N, n.dt)
+				if p.err != nil {
+					return Buf{}
+				}
+				n.dev.Copy(out, h)
+				h = out
+			}
+		case model.Add:
+			if len(skips) == 0 {
+				p.err = fmt.Errorf("engine: layer %d: add without its residual", i)
+				return Buf{}
+			}
+			skip := skips[len(skips)-1]
+			skips = skips[:len(skips)-1]
+			if i > 0 && n.spec.Layers[i-1].Kind == model.ReLU {
+				// ReLU's backward reads its output: add into a new buffer.
+				out := p.alloc(h.N, n.dt)
+				if p.err != nil {
+					return Buf{}
+				}
+				n.dev.Copy(out, h)
+				h = out
+			}
+			n.dev.Axpby(h, skip, 1, 1)
+		case model.PatchEmbed:
+			c, hh, w, pt := l.InShape[0], l.InShape[1], l.InShape[2], l.Patch
+			t := l.OutShape[0]
+			cols := p.alloc(rows*t*c*pt*pt, n.dt)
+			out := p.alloc(rows*t*l.Out, n.dt)
+			if p.err != nil {
+				return Buf{}
+			}
+			n.dev.Patchify(cols, h, rows, c, hh, w, pt)
+			n.dev.Gemm(false, true, rows*t, l.Out, c*pt*pt, 1, cols, n.tensor(l.Weight), 0, out)
+			n.dev.AddBias(out, n.tensor(l.Bias), rows*t, l.Out, false)
+			st[i].aux = cols
+			h = out
+		case model.Tokens:
+			t, d := l.InShape[0], l.InShape[1]
+			out := p.alloc(rows*(t+1)*d, n.dt)
+			if p.err != nil {
+				return Buf{}
+			}
+			n.dev.CopyRows(out, (t+1)*d, n.tensor(l.Weight), 0, rows, d)
+			n.dev.CopyRows(out.Slice(d, out.N), (t+1)*d, h, t*d, rows, t*d)
+			n.dev.AddBias(out, n.tensor(l.Bias), rows, (t+1)*d, false)
+			h = out
+		case model.Attention:
+			h = n.attention(p, st, i, h, rows)
+		case model.ClassPool:
+			t, d := l.InShape[0], l.InShape[1]
+			out := p.alloc(rows*d, n.dt)
+			if p.err != nil {
+				return Buf{}
+			}
+			n.dev.CopyRows(out, d, h, t*d, rows, d)
+			h = out
+		case model.MeanPool:
+			h = n.meanPool(p, l, h, rows)
 		default:
-			p.err = fmt.Errorf("gpu: layer kind %v not supported", l.Kind)
+			p.err = fmt.Errorf("engine: layer kind %v not supported", l.Kind)
+			return Buf{}
+		}
+		if p.err != nil {
 			return Buf{}
 		}
 		st[i].out = h
 	}
 	return h
+}
+
+// attention is multi-head self-attention on the fused projections h = [Q K V] (rows × T ×
+// 3D): per head, P = softmax(Q·Kᵀ/√dh) (kept for the backward pass) and the output P·V, the
+// heads side by side (rows × T × D), as torch's scaled_dot_product_attention.
+func (n *Net) attention(p *pass, st []layerState, i int, h Buf, rows int) Buf {
+	l := n.spec.Layers[i]
+	t, d, heads := l.InShape[0], l.Out, l.Heads
+	dh := d / heads
+	probs := p.alloc(rows*heads*t*t, n.dt)
+	out := p.alloc(rows*t*d, n.dt)
+	if p.err != nil {
+		return Buf{}
+	}
+	for hd := 0; hd < heads; hd++ {
+		q, k := h.Slice(hd*dh, h.N), h.Slice(d+hd*dh, h.N)
+		n.dev.GemmBatched(false, true, t, t, dh, 1, q, 3*d, t*3*d, k, 3*d, t*3*d, 0, probs.Slice(hd*t*t, probs.N), t, heads*t*t, rows)
+	}
+	n.dev.Softmax(probs, probs, rows*heads*t, t, float32(1/math.Sqrt(float64(dh))))
+	for hd := 0; hd < heads; hd++ {
+		v := h.Slice(2*d+hd*dh, h.N)
+		n.dev.GemmBatched(false, false, t, dh, t, 1, probs.Slice(hd*t*t, probs.N), t, heads*t*t, v, 3*d, t*3*d, 0, out.Slice(hd*dh, out.N), d, t*d, rows)
+	}
+	st[i].aux = probs
+	return out
+}
+
+// attentionBackward propagates dy (rows × T × D) through attention layer i into dqkv, with
+// dp (rows·heads·T·T) as workspace.
+func (n *Net) attentionBackward(st layerState, l model.Layer, dy, dqkv, dp Buf, rows int) {
+	t, d, heads := l.InShape[0], l.Out, l.Heads
+	dh := d / heads
+	x, probs := st.in, st.aux
+	for hd := 0; hd < heads; hd++ {
+		dyh, v := dy.Slice(hd*dh, dy.N), x.Slice(2*d+hd*dh, x.N)
+		ph, dph := probs.Slice(hd*t*t, probs.N), dp.Slice(hd*t*t, dp.N)
+		n.dev.GemmBatched(false, true, t, t, dh, 1, dyh, d, t*d, v, 3*d, t*3*d, 0, dph, t, heads*t*t, rows)
+		n.dev.GemmBatched(true, false, t, dh, t, 1, ph, t, heads*t*t, dyh, d, t*d, 0, dqkv.Slice(2*d+hd*dh, dqkv.N), 3*d, t*3*d, rows)
+	}
+	n.dev.SoftmaxGrad(dp, dp, probs, rows*heads*t, t, float32(1/math.Sqrt(float64(dh))))
+	for hd := 0; hd < heads; hd++ {
+		q, k := x.Slice(hd*dh, x.N), x.Slice(d+hd*dh, x.N)
+		dsh := dp.Slice(hd*t*t, dp.N)
+		n.dev.GemmBatched(false, false, t, dh, t, 1, dsh, t, heads*t*t, k, 3*d, t*3*d, 0, dqkv.Slice(hd*dh, dqkv.N), 3*d, t*3*d, rows)
+		n.dev.GemmBatched(true, false, t, dh, t, 1, dsh, t, heads*t*t, q, 3*d, t*3*d, 0, dqkv.Slice(d+hd*dh, dqkv.N), 3*d, t*3*d, rows)
+	}
+}
+
+// meanPool averages an image's planes ([C, H, W] → [C]) or a sequence's tokens ([T, D] →
+// [D]).
+func (n *Net) meanPool(p *pass, l model.Layer, h Buf, rows int) Buf {
+	out := p.alloc(rows*l.OutShape[0], n.dt)
+	if p.err != nil {
+		return Buf{}
+	}
+	if len(l.InShape) == 3 {
+		hw := l.InShape[1] * l.InShape[2]
+		n.dev.SumRows(out, h, rows*l.InShape[0], hw, true, 0)
+		n.dev.Axpby(out, out, 1/float32(hw), 0)
+		return out
+	}
+	t, d := l.InShape[0], l.InShape[1]
+	ones := p.onesOf(t)
+	if p.err != nil {
+		return Buf{}
+	}
+	n.dev.GemmBatched(false, false, 1, d, t, 1/float32(t), ones, t, 0, h, d, t*d, 0, out, d, d, rows)
+	return out
+}
+
+// meanPoolBackward spreads dy evenly over the pooled elements into dx.
+func (n *Net) meanPoolBackward(p *pass, l model.Layer, dx, dy Buf, rows int) {
+	if len(l.InShape) == 3 {
+		hw := l.InShape[1] * l.InShape[2]
+		ones := p.onesOf(hw)
+		if p.err == nil {
+			n.dev.Gemm(false, false, rows*l.InShape[0], hw, 1, 1/float32(hw), dy, ones, 0, dx)
+		}
+		return
+	}
+	t, d := l.InShape[0], l.InShape[1]
+	ones := p.onesOf(t)
+	if p.err == nil {
+		n.dev.GemmBatched(false, false, t, d, 1, 1/float32(t), ones, 1, 0, dy, d, d, 0, dx, d, t*d, rows)
+	}
+}
+
+// batchNorm is a BatchNorm2d layer's forward pass: in training with the batch's statistics,
+// which also update the running ones (once per pass, not again when a checkpointed segment
+// is recomputed); in evaluation with the running statistics.
+func (n *Net) batchNorm(p *pass, st []layerState, i int, h Buf, rows int) Buf {
+	l := n.spec.Layers[i]
+	c, hw := l.InShape[0], l.InShape[1]*l.InShape[2]
+	out := p.alloc(h.N, n.dt)
+	mean, rstd := p.alloc(c, F32), p.alloc(c, F32)
+	if p.err != nil {
+		return Buf{}
+	}
+	rm, rv := n.layout.Tensors[l.RunMean], n.layout.Tensors[l.RunVar]
+	runMean, runVar := n.host[rm.Offset:rm.Offset+rm.Size], n.host[rv.Offset:rv.Offset+rv.Size]
+	if !p.train {
+		r := make([]float32, c)
+		for j := range r {
+			r[j] = float32(1 / math.Sqrt(float64(runVar[j])+float64(l.Eps)))
+		}
+		n.dev.Upload(mean, runMean)
+		n.dev.Upload(rstd, r)
+		n.dev.BatchNorm(out, mean, rstd, h, n.tensor(l.Weight), n.tensor(l.Bias), rows, c, hw, l.Eps, false)
+		return out
+	}
+	n.dev.BatchNorm(out, mean, rstd, h, n.tensor(l.Weight), n.tensor(l.Bias), rows, c, hw, l.Eps, true)
+	st[i].aux, st[i].aux2 = mean, rstd
+	if p.recompute {
+		return out
+	}
+	m, r := make([]float32, c), make([]float32, c)
+	if err := n.dev.Download(m, mean); err != nil {
+		p.fail(err)
+		return Buf{}
+	}
+	if err := n.dev.Download(r, rstd); err != nil {
+		p.fail(err)
+		return Buf{}
+	}
+	// PyTorch's update: the running variance takes the unbiased batch variance.
+	cnt := float64(rows * hw)
+	mom := float64(l.Momentum)
+	for j := 0; j < c; j++ {
+		v := 1/(float64(r[j])*float64(r[j])) - float64(l.Eps)
+		if cnt > 1 {
+			v *= cnt / (cnt - 1)
+		}
+		runMean[j] = float32((1-mom)*float64(runMean[j]) + mom*float64(m[j]))
+		runVar[j] = float32((1-mom)*float64(runVar[j]) + mom*v)
+	}
+	if !n.viewed {
+		n.dev.Upload(n.tensor(l.RunMean), runMean)
+		n.dev.Upload(n.tensor(l.RunVar), runVar)
+	}
+	return out
 }
 
 // convShape is layer l's convolution over rows samples.
@@ -644,22 +918,42 @@ type bwdBufs struct{ dx, ws Buf }
 // written, so an out-of-memory failure never leaves a gradient half written.
 func (n *Net) backwardBuffers(p *pass, lo, hi, rows int) []bwdBufs {
 	ws := make([]bwdBufs, len(n.spec.Layers))
+	if n.onesN > 0 {
+		p.onesOf(n.onesN) // pooling's ones, before any gradient is written
+	}
 	for i := hi - 1; i >= lo && p.err == nil; i-- {
 		l := n.spec.Layers[i]
+		in := rows * prod(l.InShape)
+		if !l.Kind.HasParams() && !n.needDx[i] {
+			return ws
+		}
+		if l.Kind == model.Tokens && !n.layout.Tensors[l.Weight].Frozen {
+			// The class token's gradient is the sum of the batch's token-0 gradients.
+			ws[i].ws = p.alloc(rows*l.Out, n.dt)
+		}
 		switch l.Kind {
-		case model.Dense:
+		case model.Dense, model.PatchEmbed, model.Tokens:
 			if !n.needDx[i] {
 				return ws
 			}
-			ws[i].dx = p.alloc(rows*l.In, n.dt)
+			ws[i].dx = p.alloc(in, n.dt)
 		case model.Conv2D:
 			ws[i].ws = n.convWorkspace(p, n.convShape(l, rows))
 			if !n.needDx[i] {
 				return ws
 			}
-			ws[i].dx = p.alloc(rows*prod(l.InShape), n.dt)
-		case model.MaxPool2:
-			ws[i].dx = p.alloc(rows*prod(l.InShape), n.dt)
+			ws[i].dx = p.alloc(in, n.dt)
+		case model.LayerNorm, model.BatchNorm2d:
+			if !n.needDx[i] {
+				return ws
+			}
+		case model.MaxPool2, model.ClassPool, model.MeanPool:
+			ws[i].dx = p.alloc(in, n.dt)
+		case model.Add:
+			ws[i].ws = p.alloc(in, n.dt) // the skip's copy of the gradient
+		case model.Attention:
+			ws[i].dx = p.alloc(in, n.dt)
+			ws[i].ws = p.alloc(rows*l.Heads*l.InShape[0]*l.InShape[0], n.dt)
 		}
 	}
 	return ws
@@ -682,15 +976,20 @@ func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, 
 	if p.err != nil {
 		return Buf{}
 	}
-	trainable := func(ti int) bool { return !n.layout.Tensors[ti].Frozen }
+	trainable := func(ti int) bool { return ti >= 0 && !n.layout.Tensors[ti].Frozen }
+	var skips []Buf // the gradients waiting at the open residual branches' inputs
 	for i := hi - 1; i >= lo; i-- {
 		l := n.spec.Layers[i]
 		s, w := st[i], ws[i]
+		if !l.Kind.HasParams() && !n.needDx[i] {
+			return Buf{} // nothing below needs a gradient
+		}
 		switch l.Kind {
 		case model.Dense:
+			r := rows * l.Rows()
 			if trainable(l.Bias) {
 				p.fail(n.grad(l.Bias, beta, func(g Buf, beta float32, _, _ int) {
-					n.dev.SumRows(g, dy, rows, l.Out, false, beta)
+					n.dev.SumRows(g, dy, r, l.Out, false, beta)
 				}))
 			}
 			if trainable(l.Weight) && p.err == nil {
@@ -698,14 +997,14 @@ func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, 
 				// input's columns r0..r1 (transposed) times dy.
 				p.fail(n.grad(l.Weight, beta, func(g Buf, beta float32, lo, hi int) {
 					r0, r1 := lo/l.Out, hi/l.Out
-					x := s.in.Slice(r0, r0+StridedLen(rows, r1-r0, l.In))
-					n.dev.GemmLD(true, false, r1-r0, l.Out, rows, 1, x, l.In, dy, l.Out, beta, g, l.Out)
+					x := s.in.Slice(r0, r0+StridedLen(r, r1-r0, l.In))
+					n.dev.GemmLD(true, false, r1-r0, l.Out, r, 1, x, l.In, dy, l.Out, beta, g, l.Out)
 				}))
 			}
 			if p.err != nil || !n.needDx[i] {
 				return Buf{}
 			}
-			n.dev.Gemm(false, true, rows, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, w.dx)
+			n.dev.Gemm(false, true, r, l.In, l.Out, 1, dy, n.tensor(l.Weight), 0, w.dx)
 			dy = w.dx
 		case model.Conv2D:
 			p.fail(n.convGrads(i, s.in, dy, w, rows, beta))
@@ -719,9 +1018,143 @@ func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, 
 			n.dev.MaxPool2Grad(w.dx, dy, s.idx)
 			dy = w.dx
 		case model.Flatten:
+		case model.LayerNorm, model.BatchNorm2d:
+			dx := Buf{}
+			if n.needDx[i] {
+				dx = dy // in place
+			}
+			p.fail(n.pairGrads(l, beta, func(dg, db Buf, beta float32) {
+				if l.Kind == model.LayerNorm {
+					r := rows * l.Rows()
+					n.dev.LayerNormBackward(dx, dg, db, dy, s.in, s.aux, s.aux2, n.tensor(l.Weight), r, l.Out, beta)
+				} else {
+					n.dev.BatchNormBackward(dx, dg, db, dy, s.in, s.aux, s.aux2, n.tensor(l.Weight), rows, l.Out, l.InShape[1]*l.InShape[2], beta)
+				}
+			}))
+			if p.err != nil || !n.needDx[i] {
+				return Buf{}
+			}
+		case model.GELU:
+			n.dev.GELUGrad(dy, dy, s.in)
+		case model.Dropout:
+			n.dev.Dropout(dy, dy, l.P, n.layerSeed(i))
+		case model.Add:
+			// The gradient goes down the branch and, unchanged, to the branch's input.
+			n.dev.Copy(w.ws, dy)
+			skips = append(skips, w.ws)
+		case model.Residual:
+			if len(skips) == 0 {
+				p.fail(fmt.Errorf("engine: layer %d: residual without its add", i))
+				return Buf{}
+			}
+			n.dev.Axpby(dy, skips[len(skips)-1], 1, 1)
+			skips = skips[:len(skips)-1]
+		case model.PatchEmbed:
+			c, hh, wd, pt := l.InShape[0], l.InShape[1], l.InShape[2], l.Patch
+			r, k := rows*l.OutShape[0], c*pt*pt
+			if trainable(l.Bias) {
+				p.fail(n.grad(l.Bias, beta, func(g Buf, beta float32, _, _ int) {
+					n.dev.SumRows(g, dy, r, l.Out, false, beta)
+				}))
+			}
+			if trainable(l.Weight) && p.err == nil {
+				p.fail(n.grad(l.Weight, beta, func(g Buf, beta float32, _, _ int) {
+					n.dev.Gemm(true, false, l.Out, k, r, 1, dy, s.aux, beta, g)
+				}))
+			}
+			if p.err != nil || !n.needDx[i] {
+				return Buf{}
+			}
+			// dx through a patches-sized buffer: the forward's patches are no longer needed.
+			n.dev.Gemm(false, false, r, k, l.Out, 1, dy, n.tensor(l.Weight), 0, s.aux)
+			n.dev.Unpatchify(w.dx, s.aux, rows, c, hh, wd, pt)
+			dy = w.dx
+		case model.Tokens:
+			t, d := l.InShape[0], l.InShape[1]
+			if trainable(l.Bias) {
+				p.fail(n.grad(l.Bias, beta, func(g Buf, beta float32, _, _ int) {
+					n.dev.SumRows(g, dy, rows, (t+1)*d, false, beta)
+				}))
+			}
+			if trainable(l.Weight) && p.err == nil {
+				p.fail(n.grad(l.Weight, beta, func(g Buf, beta float32, _, _ int) {
+					n.dev.CopyRows(w.ws, d, dy, (t+1)*d, rows, d)
+					n.dev.SumRows(g, w.ws, rows, d, false, beta)
+				}))
+			}
+			if p.err != nil || !n.needDx[i] {
+				return Buf{}
+			}
+			n.dev.CopyRows(w.dx, t*d, dy.Slice(d, dy.N), (t+1)*d, rows, t*d)
+			dy = w.dx
+		case model.Attention:
+			n.attentionBackward(s, l, dy, w.dx, w.ws, rows)
+			dy = w.dx
+		case model.ClassPool:
+			t, d := l.InShape[0], l.InShape[1]
+			n.dev.Fill(w.dx, 0)
+			n.dev.CopyRows(w.dx, t*d, dy, d, rows, d)
+			dy = w.dx
+		case model.MeanPool:
+			n.meanPoolBackward(p, l, w.dx, dy, rows)
+			dy = w.dx
+		}
+		if p.err != nil {
+			return Buf{}
 		}
 	}
 	return dy
+}
+
+// pairGrads runs a layer whose one kernel makes both its weight and bias gradients
+// (LayerNorm, BatchNorm2d): it takes both pieces from the sink (bias first: it lies higher),
+// calls compute with them (an invalid Buf for a frozen one) and gives them back.
+func (n *Net) pairGrads(l model.Layer, beta float32, compute func(dw, db Buf, beta float32)) error {
+	wTrain, bTrain := !n.layout.Tensors[l.Weight].Frozen, !n.layout.Tensors[l.Bias].Frozen
+	if n.sink == nil {
+		var dw, db Buf
+		if wTrain {
+			dw, _ = n.gradOf(l.Weight)
+		}
+		if bTrain {
+			db, _ = n.gradOf(l.Bias)
+		}
+		compute(dw, db, beta)
+		if bTrain {
+			n.gradDone(l.Bias, db)
+		}
+		if wTrain {
+			n.gradDone(l.Weight, dw)
+		}
+		return nil
+	}
+	var pb, pw piece
+	var err error
+	if bTrain {
+		x := n.extent[l.Bias]
+		if pb, err = n.acquire(x.Off, x.Off+x.Size); err != nil {
+			return err
+		}
+	}
+	if wTrain {
+		x := n.extent[l.Weight]
+		if pw, err = n.acquire(x.Off, x.Off+x.Size); err != nil {
+			return err
+		}
+	}
+	if pb.g.Valid() && pw.g.Valid() && pb.beta != pw.beta {
+		return errors.New("engine: the sink wants the bias and the weight of one layer accumulated differently")
+	}
+	compute(pw.g, pb.g, max(pb.beta, pw.beta))
+	if bTrain {
+		if err := n.release(pb); err != nil {
+			return err
+		}
+	}
+	if wTrain {
+		return n.release(pw)
+	}
+	return nil
 }
 
 // convGrads runs a convolution's backward pass: its weight and bias gradients (those that
@@ -798,14 +1231,23 @@ func (n *Net) Evaluate(b *data.Batch) (model.EvalResult, error) {
 	// Nothing is kept for a backward pass: each layer's input goes back to the allocator as
 	// soon as the layer has run, so the evaluation batch (often larger than the micro-batch)
 	// holds about two layers' activations at a time.
+	// A residual branch runs as one range: its input stays until its add.
 	st := make([]layerState, len(n.spec.Layers))
 	logits := n.input(p, b, b.N)
-	for i := range n.spec.Layers {
-		if p.err != nil {
-			break
+	depth, lo := 0, 0
+	for i, l := range n.spec.Layers {
+		switch l.Kind {
+		case model.Residual:
+			depth++
+		case model.Add:
+			depth--
 		}
-		logits = n.forwardRange(p, st, logits, i, i+1, b.N)
+		if depth > 0 || p.err != nil {
+			continue
+		}
+		logits = n.forwardRange(p, st, logits, lo, i+1, b.N)
 		p.release(0, logits)
+		lo = i + 1
 	}
 	if p.err != nil {
 		return model.EvalResult{}, fmt.Errorf("engine: evaluation forward: %w", p.err)

@@ -31,9 +31,11 @@ import (
 // activation memory of a step is the saved segment inputs plus one segment's values, instead
 // of all values of the whole network.
 
-// segment is a contiguous run of layers, starting at a weight layer (or at layer 0).
+// segment is a contiguous run of layers, starting at one of CutPoints (outside every
+// residual branch, so that a branch's input and its Add are in the same graph).
 type segment struct {
 	layers  []Layer   // a view of Spec.Layers
+	first   int       // the index of layers[0] in Spec.Layers
 	inShape []int     // the input's shape, batch first
 	in      []float32 // saved input: the images for segment 0, the previous output otherwise
 	gup     []float32 // upstream gradient of loss×scale w.r.t. the output (not the last segment)
@@ -43,10 +45,13 @@ type segment struct {
 
 // segGraph is one compiled segment graph.
 type segGraph struct {
-	g      *G.ExprGraph
-	vm     G.VM
-	out    *G.Node // the segment output (logits for the last segment)
-	inGrad *G.Node // gradient w.r.t. the segment input; nil for segment 0 and forward graphs
+	g   *G.ExprGraph
+	vm  G.VM
+	out *G.Node // the segment output (logits for the last segment)
+	// inGrad is the gradient w.r.t. the segment input; nil for forward graphs and where no
+	// segment below holds a trainable tensor (segment 0 always).
+	inGrad *G.Node
+	stats  []*bnRead // batch norm statistics the run reads (the forward graphs and the last segment's)
 	learn  G.Nodes
 	tidx   []int
 	scale  *G.Node // last segment's backward graph only
@@ -55,8 +60,12 @@ type segGraph struct {
 
 // segmented is the training side of a Net with activation checkpointing.
 type segmented struct {
-	segs  []segment
-	ybuf  []float32   // one-hot labels, read by the last segment
+	segs []segment
+	ybuf []float32 // one-hot labels, read by the last segment
+	// below[i]: some segment before i holds a trainable tensor, so segment i's backward
+	// pass must produce the gradient with respect to its input.
+	below []bool
+	own   []bool      // own[i]: segment i holds a trainable tensor
 	order []paramNode // parameter nodes of the backward graphs in increasing flat offset
 }
 
@@ -72,7 +81,7 @@ func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
 		return nil, err
 	}
 	poolOnce.Do(tensor.DontUsePool)
-	s := &segmented{segs: make([]segment, k), ybuf: make([]float32, bs*n.spec.Classes)}
+	s := &segmented{segs: make([]segment, k), ybuf: make([]float32, bs*n.spec.Classes), below: make([]bool, k), own: make([]bool, k)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -86,7 +95,7 @@ func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
 		if i+1 < k {
 			end = first[i+1]
 		}
-		sg.layers = layers[first[i]:end]
+		sg.layers, sg.first = layers[first[i]:end], first[i]
 		if i == 0 {
 			sg.inShape = append([]int{bs}, n.spec.Input...)
 			if layers[0].Kind == Flatten {
@@ -98,6 +107,12 @@ func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
 		sg.in = make([]float32, prod(sg.inShape))
 	}
 	for i := range s.segs {
+		s.own[i] = n.hasTrainable(s.segs[i].layers)
+		if i > 0 {
+			s.below[i] = s.below[i-1] || s.own[i-1]
+		}
+	}
+	for i := range s.segs {
 		sg := &s.segs[i]
 		last := i == k-1
 		if !last {
@@ -105,6 +120,9 @@ func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
 			if sg.fwd, err = n.buildSegGraph(s, i, false); err != nil {
 				return nil, fmt.Errorf("segment %d forward: %w", i, err)
 			}
+		}
+		if !last && !s.trains(i) {
+			continue // no trainable tensor in this segment or below: no backward pass
 		}
 		if sg.bwd, err = n.buildSegGraph(s, i, true); err != nil {
 			return nil, fmt.Errorf("segment %d backward: %w", i, err)
@@ -128,6 +146,21 @@ func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
 	return s, nil
 }
 
+// trains reports whether segment i or one below it holds a trainable tensor.
+func (s *segmented) trains(i int) bool { return s.own[i] || s.below[i] }
+
+// hasTrainable reports whether any of layers holds a trainable tensor.
+func (n *Net) hasTrainable(layers []Layer) bool {
+	for _, l := range layers {
+		for _, ti := range []int{l.Weight, l.Bias} {
+			if ti >= 0 && !n.layout.Tensors[ti].Frozen {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // buildSegGraph compiles segment i of s: forward only, or forward and backward.
 func (n *Net) buildSegGraph(s *segmented, i int, backward bool) (sg *segGraph, err error) {
 	defer func() {
@@ -144,23 +177,30 @@ func (n *Net) buildSegGraph(s *segmented, i int, backward bool) (sg *segGraph, e
 		t := n.layout.Tensors[ti]
 		v := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(n.params[t.Offset:t.Offset+t.Size]))
 		node := G.NewTensor(sg.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(t.Name), G.WithValue(v))
-		sg.learn = append(sg.learn, node)
-		sg.tidx = append(sg.tidx, ti)
+		if !t.Frozen { // a frozen tensor is a constant of the graph, as in the single graph
+			sg.learn = append(sg.learn, node)
+			sg.tidx = append(sg.tidx, ti)
+		}
 		return node
 	}
-	if sg.out, err = addLayers(in, bs, seg.layers, param); err != nil {
+	last := i == len(s.segs)-1
+	// The running statistics are updated once per step: by the forward graphs and the last
+	// segment's, not by the recomputations.
+	ctx := &graphCtx{g: sg.g, bs: bs, first: seg.first, train: true, stats: !backward || last, param: param, mask: n.mask}
+	if sg.out, err = addLayers(in, ctx, seg.layers); err != nil {
 		return nil, err
 	}
+	sg.stats = ctx.reads
 	if !backward {
 		sg.vm = G.NewTapeMachine(sg.g)
 		return sg, nil
 	}
 	wrt := append(G.Nodes(nil), sg.learn...)
-	if i > 0 {
+	if s.below[i] {
 		wrt = append(wrt, in)
 	}
 	var grads G.Nodes
-	if i == len(s.segs)-1 {
+	if last {
 		var cost *G.Node
 		_, sg.scale, sg.ce, cost = addLoss(sg.g, sg.out, s.ybuf, bs, n.spec.Classes)
 		grads, err = G.Grad(cost, wrt...)
@@ -173,7 +213,7 @@ func (n *Net) buildSegGraph(s *segmented, i int, backward bool) (sg *segGraph, e
 	if err != nil {
 		return nil, fmt.Errorf("symbolic gradient: %w", err)
 	}
-	if i > 0 {
+	if s.below[i] {
 		sg.inGrad = grads[len(grads)-1]
 	}
 	sg.vm = G.NewTapeMachine(sg.g, G.BindDualValues(sg.learn...))
@@ -212,7 +252,7 @@ func copyOut(dst []float32, node *G.Node) error {
 
 // forwardBackward runs the checkpointed step; segs[0].in and ybuf hold the batch. The
 // parameter gradients are left in the backward graphs' dual values.
-func (s *segmented) forwardBackward(scale float32) (float32, error) {
+func (s *segmented) forwardBackward(scale float32, update func([]*bnRead) error) (float32, error) {
 	k := len(s.segs)
 	for i := 0; i < k-1; i++ {
 		fwd := s.segs[i].fwd
@@ -220,6 +260,9 @@ func (s *segmented) forwardBackward(scale float32) (float32, error) {
 			return 0, fmt.Errorf("model: segment %d forward: %w", i, err)
 		}
 		err := copyOut(s.segs[i+1].in, fwd.out)
+		if err == nil {
+			err = update(fwd.stats)
+		}
 		fwd.release()
 		if err != nil {
 			return 0, fmt.Errorf("model: segment %d output: %w", i, err)
@@ -228,6 +271,9 @@ func (s *segmented) forwardBackward(scale float32) (float32, error) {
 	var loss float32
 	for i := k - 1; i >= 0; i-- {
 		bwd := s.segs[i].bwd
+		if bwd == nil {
+			break // nothing trainable from here down
+		}
 		if i == k-1 {
 			if err := G.Let(bwd.scale, scale); err != nil {
 				return 0, fmt.Errorf("model: setting loss scale: %w", err)
@@ -243,8 +289,11 @@ func (s *segmented) forwardBackward(scale float32) (float32, error) {
 				err = fmt.Errorf("loss has type %T, want float32", bwd.ce.Value().Data())
 			}
 			loss = l
+			if err == nil {
+				err = update(bwd.stats)
+			}
 		}
-		if err == nil && i > 0 {
+		if err == nil && bwd.inGrad != nil {
 			err = copyOut(s.segs[i-1].gup, bwd.inGrad)
 		}
 		bwd.release()

@@ -6,8 +6,10 @@ import (
 
 // Model types.
 const (
-	TypeMLP = "mlp"
-	TypeCNN = "cnn"
+	TypeMLP    = "mlp"
+	TypeCNN    = "cnn"
+	TypeViT    = "vit"    // a Vision Transformer (Dosovitskiy et al. 2021), pre-norm, class token
+	TypeLayers = "layers" // the layers list, for models that are none of the named types
 )
 
 // Config describes the network. YAML under `model:`.
@@ -19,6 +21,19 @@ type Config struct {
 	Hidden   []int  `yaml:"hidden" json:"hidden"`
 	Channels []int  `yaml:"channels" json:"channels"`
 	Kernel   int    `yaml:"kernel" json:"kernel"`
+	// ViT: Patch×Patch patches embedded to Dim features, Depth pre-norm transformer blocks of
+	// Heads attention heads and an MLP of MLPRatio×Dim hidden features, Dropout after the
+	// embeddings, the attention projection and each MLP layer; the class token's final
+	// features feed the classifier. (ViT-Tiny/16 is patch 16, dim 192, depth 12, heads 3.)
+	Patch    int     `yaml:"patch" json:"patch,omitempty"`
+	Dim      int     `yaml:"dim" json:"dim,omitempty"`
+	Depth    int     `yaml:"depth" json:"depth,omitempty"`
+	Heads    int     `yaml:"heads" json:"heads,omitempty"`
+	MLPRatio float64 `yaml:"mlp_ratio" json:"mlp_ratio,omitempty"`
+	Dropout  float64 `yaml:"dropout" json:"dropout,omitempty"`
+	// Layers is the general form (type layers, implied when layers is given without a
+	// type): the network as a list, residual branches nested in it.
+	Layers []LayerConfig `yaml:"layers" json:"layers,omitempty"`
 	// Input and Classes, where set, declare the sample shape [C, H, W] and the class count
 	// the model is meant for; they come from the data, and a dataset that disagrees is an
 	// error naming both. Unset (the default), the model takes whatever the data has.
@@ -61,8 +76,29 @@ func (c Config) Validate() error {
 		if c.Kernel < 1 || c.Kernel%2 == 0 || c.Kernel > 11 {
 			return fmt.Errorf("kernel: must be odd and in [1, 11] (same padding), got %d", c.Kernel)
 		}
+	case TypeViT:
+		if err := c.validateViT(); err != nil {
+			return err
+		}
+	case TypeLayers:
+		if len(c.Layers) == 0 {
+			return fmt.Errorf("layers: type layers needs a list of layers")
+		}
+		if err := validateLayers(c.Layers, "layers"); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("type: unknown model type %q (want %s or %s)", c.Type, TypeMLP, TypeCNN)
+		return fmt.Errorf("type: unknown model type %q (want %s, %s, %s or %s)", c.Type, TypeMLP, TypeCNN, TypeViT, TypeLayers)
+	}
+	if c.Type != TypeLayers && len(c.Layers) > 0 {
+		return fmt.Errorf("layers: only used by type layers (leave type out, or set it to layers), got type %s", c.Type)
+	}
+	if c.Type == TypeViT || c.Type == TypeLayers {
+		if len(c.Hidden) > 0 || len(c.Channels) > 0 {
+			return fmt.Errorf("hidden/channels: only used by types mlp and cnn, got type %s", c.Type)
+		}
+	} else if c.Patch != 0 || c.Dim != 0 || c.Depth != 0 || c.Heads != 0 || c.MLPRatio != 0 || c.Dropout != 0 {
+		return fmt.Errorf("patch/dim/depth/heads/mlp_ratio/dropout: only used by type vit, got type %s", c.Type)
 	}
 	if len(c.Input) != 0 && (len(c.Input) != 3 || c.Input[0] < 1 || c.Input[1] < 1 || c.Input[2] < 1) {
 		return fmt.Errorf("input: must be [C, H, W] with positive sizes, or empty to take it from the data, got %v", c.Input)
@@ -74,6 +110,12 @@ func (c Config) Validate() error {
 		if h < 1 || h > 1<<16 {
 			return fmt.Errorf("hidden[%d]: must be in [1, 65536], got %d", i, h)
 		}
+	}
+	if k := c.ActivationCheckpointing.Segments; k < 0 {
+		return fmt.Errorf("activation_checkpointing.segments: must be >= 0 (0 or 1 is off), got %d", k)
+	}
+	if c.Type == TypeViT || c.Type == TypeLayers {
+		return nil // the upper bound depends on the expanded model: NewSpec checks it
 	}
 	if k, n := c.ActivationCheckpointing.Segments, c.WeightLayers(); k < 0 || k > n {
 		return fmt.Errorf("activation_checkpointing.segments: must be in [0, %d] (0 or 1 is off; at most the %d weight layers of this model), got %d", n, n, k)

@@ -10,8 +10,11 @@ import (
 // fine-tuning recipes freeze the bottom of a pretrained network: frozen tensors get no
 // gradient, no optimizer state and no communication, and are left out of ZeRO's partition.
 type FreezeConfig struct {
-	// Ratio freezes the bottom fraction of the weight layers (0.85 of 3 layers freezes 2):
-	// the first floor(ratio × layers) dense/conv layers, weights and biases.
+	// Ratio freezes the bottom fraction of the model (0.85 of 3 layers freezes 2). In a model
+	// with blocks (a ViT's transformer blocks) it counts blocks: the first floor(ratio ×
+	// blocks) blocks are frozen, with every layer before the first block (the embeddings), as
+	// the DINOv3 fine-tuning recipes freeze a backbone's bottom. Otherwise it counts layers
+	// with parameters: the first floor(ratio × layers), weights and biases.
 	Ratio float64 `yaml:"ratio" json:"ratio"`
 	// Names freezes the tensors whose names match any of these patterns (path.Match syntax:
 	// "fc1.*", "conv?.weight").
@@ -41,18 +44,38 @@ func (c FreezeConfig) Frozen(spec *Spec) (func(name string) bool, error) {
 	if !c.Enabled() {
 		return nil, nil
 	}
-	var weightLayers []string
 	var names []string
-	for _, l := range spec.Layers {
-		if l.Kind == Dense || l.Kind == Conv2D {
-			weightLayers = append(weightLayers, l.Name)
-			names = append(names, l.Name+".weight", l.Name+".bias")
-		}
-	}
 	set := map[string]bool{}
-	k := int(math.Floor(c.Ratio * float64(len(weightLayers))))
-	for _, l := range weightLayers[:k] {
-		set[l+".weight"], set[l+".bias"] = true, true
+	blocks := spec.Blocks()
+	var k int
+	if blocks > 0 {
+		k = int(math.Floor(c.Ratio * float64(blocks)))
+	} else {
+		k = int(math.Floor(c.Ratio * float64(len(spec.ParamLayers()))))
+	}
+	seenBlock, nth := false, 0
+	for _, l := range spec.Layers {
+		seenBlock = seenBlock || l.Block >= 0
+		if !l.Kind.HasParams() {
+			continue
+		}
+		ts := layerTensors(l)
+		var freeze bool
+		if blocks > 0 {
+			freeze = k > 0 && ((!seenBlock && l.Block < 0) || (l.Block >= 0 && l.Block < k))
+		} else {
+			freeze = nth < k
+		}
+		nth++
+		for _, t := range ts {
+			if t.buffer {
+				continue
+			}
+			names = append(names, t.name)
+			if freeze {
+				set[t.name] = true
+			}
+		}
 	}
 	for i, p := range c.Names {
 		hit := false

@@ -28,6 +28,52 @@ type Tensor struct {
 	// Frozen tensors are not trained: they sit in the prefix [0, Layout.Frozen) of the flat
 	// buffer, get no gradient, no optimizer state and no communication.
 	Frozen bool
+	// Buffer marks state that is saved with the parameters but is not one (a BatchNorm2d's
+	// running statistics): always frozen, updated by the forward pass itself.
+	Buffer bool
+}
+
+// tensorSlot says which of a Layer's tensor indices a tensor fills.
+type tensorSlot uint8
+
+const (
+	slotWeight tensorSlot = iota
+	slotBias
+	slotRunMean
+	slotRunVar
+)
+
+type tensorEntry struct {
+	name       string
+	shape      []int
+	transposed bool
+	buffer     bool
+	slot       tensorSlot
+}
+
+// layerTensors lists layer l's tensors with their canonical (PyTorch) names and shapes.
+func layerTensors(l Layer) []tensorEntry {
+	w, b := l.Name+".weight", l.Name+".bias"
+	switch l.Kind {
+	case Dense:
+		return []tensorEntry{{name: w, shape: []int{l.Out, l.In}, transposed: true}, {name: b, shape: []int{l.Out}, slot: slotBias}}
+	case Conv2D, PatchEmbed:
+		return []tensorEntry{{name: w, shape: []int{l.Out, l.In, l.Kernel, l.Kernel}}, {name: b, shape: []int{l.Out}, slot: slotBias}}
+	case LayerNorm:
+		return []tensorEntry{{name: w, shape: []int{l.Out}}, {name: b, shape: []int{l.Out}, slot: slotBias}}
+	case BatchNorm2d:
+		return []tensorEntry{{name: w, shape: []int{l.Out}}, {name: b, shape: []int{l.Out}, slot: slotBias},
+			{name: l.Name + ".running_mean", shape: []int{l.Out}, buffer: true, slot: slotRunMean},
+			{name: l.Name + ".running_var", shape: []int{l.Out}, buffer: true, slot: slotRunVar}}
+	case Tokens:
+		prefix := ""
+		if l.Name != "" {
+			prefix = l.Name + "."
+		}
+		return []tensorEntry{{name: prefix + "cls_token", shape: []int{1, 1, l.Out}},
+			{name: prefix + "pos_embed", shape: []int{1, l.OutShape[0], l.Out}, slot: slotBias}}
+	}
+	return nil
 }
 
 // Layout is the arrangement of all trainable tensors in one flat []float32.
@@ -52,31 +98,25 @@ func NewLayout(s *Spec) *Layout { return NewLayoutFrozen(s, nil) }
 // [Frozen, Size) — what the gradient buffers, the optimizer and ZeRO's shards cover.
 func NewLayoutFrozen(s *Spec, frozen func(name string) bool) *Layout {
 	type entry struct {
-		layer      int
-		name       string
-		shape      []int
-		transposed bool
+		tensorEntry
+		layer int
 	}
 	var all []entry
 	for i := range s.Layers {
-		ly := &s.Layers[i]
-		switch ly.Kind {
-		case Dense:
-			all = append(all, entry{i, ly.Name + ".weight", []int{ly.Out, ly.In}, true}, entry{i, ly.Name + ".bias", []int{ly.Out}, false})
-		case Conv2D:
-			all = append(all, entry{i, ly.Name + ".weight", []int{ly.Out, ly.In, ly.Kernel, ly.Kernel}, false}, entry{i, ly.Name + ".bias", []int{ly.Out}, false})
+		for _, t := range layerTensors(s.Layers[i]) {
+			all = append(all, entry{t, i})
 		}
 	}
 	l := &Layout{byName: map[string]int{}}
 	align := func(n int) int { return (n + Align - 1) / Align * Align }
 	for _, pass := range []bool{true, false} {
 		for _, e := range all {
-			if (frozen != nil && frozen(e.name)) != pass {
+			if (e.buffer || (frozen != nil && frozen(e.name))) != pass {
 				continue
 			}
 			size := prod(e.shape)
 			off := align(l.Size)
-			l.Tensors = append(l.Tensors, Tensor{Name: e.name, Shape: e.shape, Offset: off, Size: size, Layer: e.layer, Transposed: e.transposed, Frozen: pass})
+			l.Tensors = append(l.Tensors, Tensor{Name: e.name, Shape: e.shape, Offset: off, Size: size, Layer: e.layer, Transposed: e.transposed, Frozen: pass, Buffer: e.buffer})
 			l.Size = off + size
 			l.byName[e.name] = len(l.Tensors) - 1
 		}
@@ -88,8 +128,19 @@ func NewLayoutFrozen(s *Spec, frozen func(name string) bool) *Layout {
 	l.Size = align(l.Size)
 	for i := range s.Layers {
 		ly := &s.Layers[i]
-		if ly.Kind == Dense || ly.Kind == Conv2D {
-			ly.Weight, ly.Bias = l.byName[ly.Name+".weight"], l.byName[ly.Name+".bias"]
+		ly.Weight, ly.Bias, ly.RunMean, ly.RunVar = -1, -1, -1, -1
+		for _, t := range layerTensors(*ly) {
+			idx := l.byName[t.name]
+			switch t.slot {
+			case slotWeight:
+				ly.Weight = idx
+			case slotBias:
+				ly.Bias = idx
+			case slotRunMean:
+				ly.RunMean = idx
+			case slotRunVar:
+				ly.RunVar = idx
+			}
 		}
 	}
 	return l
@@ -181,19 +232,34 @@ func Init(s *Spec, l *Layout, flat []float32, seed uint64) {
 	clear(flat)
 	// A stream of its own (the second PCG word), so data shuffling from the same seed is independent.
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	for _, t := range l.Tensors {
+	for ti, t := range l.Tensors {
 		ly := s.Layers[t.Layer]
-		if t.Name != ly.Name+".weight" {
-			continue
-		}
-		fanIn := ly.In
-		if ly.Kind == Conv2D {
-			fanIn = ly.In * ly.Kernel * ly.Kernel
-		}
-		bound := math.Sqrt(6 / float64(fanIn))
-		w := flat[t.Offset : t.Offset+t.Size]
-		for i := range w {
-			w[i] = float32((rng.Float64()*2 - 1) * bound)
+		x := flat[t.Offset : t.Offset+t.Size]
+		switch {
+		case ly.Kind == LayerNorm || ly.Kind == BatchNorm2d:
+			if ti == ly.Weight || ti == ly.RunVar {
+				for i := range x {
+					x[i] = 1 // scale 1, shift 0; running variance 1, mean 0 (PyTorch's)
+				}
+			}
+		case ly.Kind == Tokens:
+			// Class token and position embeddings: N(0, 0.02²) truncated at 2σ (timm's).
+			for i := range x {
+				v := rng.NormFloat64()
+				for math.Abs(v) > 2 {
+					v = rng.NormFloat64()
+				}
+				x[i] = float32(0.02 * v)
+			}
+		case ti == ly.Weight:
+			fanIn := ly.In
+			if ly.Kind == Conv2D || ly.Kind == PatchEmbed {
+				fanIn = ly.In * ly.Kernel * ly.Kernel
+			}
+			bound := math.Sqrt(6 / float64(fanIn))
+			for i := range x {
+				x[i] = float32((rng.Float64()*2 - 1) * bound)
+			}
 		}
 	}
 }

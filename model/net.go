@@ -26,6 +26,10 @@ type Net struct {
 	train  *graph     // nil when checkpointing
 	ckpt   *segmented // nil unless checkpointing
 	eval   *graph
+	// masks are the dropout layers' masks, shared by the training graphs (one micro-batch
+	// size) and refilled from dropSeed before each training run.
+	masks    map[int]*dropMask
+	dropSeed uint64
 }
 
 // graph is one compiled gorgonia program at a fixed batch size.
@@ -46,6 +50,9 @@ type graph struct {
 	order    []paramNode // learn in byOffset order, built on first use
 	lossV    G.Value     // mean cross-entropy (training graph)
 	logitV   G.Value     // logits (evaluation graph)
+	// stats are the batch norm layers' batch statistics a training run reads out for the
+	// running statistics.
+	stats []*bnRead
 }
 
 // New compiles spec into a training graph at opt.MicroBatch and an evaluation graph at
@@ -57,9 +64,6 @@ func New(spec *Spec, layout *Layout, params []float32, opt Options) (*Net, error
 	}
 	if opt.MicroBatch < 1 || opt.EvalBatch < 1 {
 		return nil, fmt.Errorf("model: micro-batch and eval batch must be >= 1, got %d and %d", opt.MicroBatch, opt.EvalBatch)
-	}
-	if layout.Frozen > 0 && opt.Segments > 1 {
-		return nil, errors.New("model: layer freezing with activation checkpointing is not supported yet: use one or the other")
 	}
 	if layout.Trainable() == 0 {
 		return nil, errors.New("model: every parameter is frozen: nothing to train")
@@ -112,10 +116,12 @@ func (n *Net) build(bs int, train bool) (gr *graph, err error) {
 		return node
 	}
 
-	h, err := addLayers(gr.x, bs, s.Layers, param)
+	ctx := &graphCtx{g: gr.g, bs: bs, train: train, stats: train, param: param, mask: n.mask}
+	h, err := addLayers(gr.x, ctx, s.Layers)
 	if err != nil {
 		return nil, err
 	}
+	gr.stats = ctx.reads
 
 	if !train {
 		G.Read(h, &gr.logitV)
@@ -134,6 +140,25 @@ func (n *Net) build(bs int, train bool) (gr *graph, err error) {
 	return gr, nil
 }
 
+// mask returns dropout layer i's mask buffer for the training graphs (micro-batch size).
+func (n *Net) mask(i int) []float32 {
+	if m, ok := n.masks[i]; ok {
+		return m.buf
+	}
+	if n.masks == nil {
+		n.masks = map[int]*dropMask{}
+	}
+	l := n.spec.Layers[i]
+	m := &dropMask{layer: i, p: l.P, buf: make([]float32, n.micro*prod(l.InShape))}
+	n.masks[i] = m
+	return m.buf
+}
+
+// SetDropoutSeed seeds the dropout masks of the next training passes: layer i's mask is
+// DropoutKeep(LayerSeed(seed, i), element, p) over the micro-batch's elements, as on the
+// native engine, and a checkpointed segment's recomputation uses the same masks.
+func (n *Net) SetDropoutSeed(seed uint64) { n.dropSeed = seed }
+
 // byOffset returns the indices into tidx (layout indices) ordered by increasing flat offset.
 func (n *Net) byOffset(tidx []int) []int {
 	idx := make([]int, len(tidx))
@@ -146,16 +171,21 @@ func (n *Net) byOffset(tidx []int) []int {
 	return idx
 }
 
-// addLayers appends layers to the graph of h (a batch of bs inputs to layers[0]) and returns
-// the output; param makes the node viewing a parameter tensor in the flat buffer.
-func addLayers(h *G.Node, bs int, layers []Layer, param func(ti int, shape ...int) *G.Node) (*G.Node, error) {
-	for _, l := range layers {
+// addLayers appends layers (Spec.Layers[c.first:][:len(layers)]) to the graph of h (a batch
+// of c.bs inputs to layers[0]) and returns the output; c.param makes the node viewing a
+// parameter tensor in the flat buffer.
+func addLayers(h *G.Node, c *graphCtx, layers []Layer) (*G.Node, error) {
+	bs, param := c.bs, c.param
+	var skips []*G.Node // the inputs of the open residual branches
+	for j, l := range layers {
 		switch l.Kind {
 		case Dense:
 			w := param(l.Weight, l.In, l.Out)
 			b := param(l.Bias, 1, l.Out)
+			h = reshapeTo(h, bs*l.Rows(), l.In) // a sequence's tokens are rows
 			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, w)), b, nil, []byte{0}))
 		case Conv2D:
+			h = reshapeTo(h, append([]int{bs}, l.InShape...)...)
 			w := param(l.Weight, l.Out, l.In, l.Kernel, l.Kernel)
 			b := param(l.Bias, 1, l.Out, 1, 1)
 			h = G.Must(G.Conv2d(h, w, tensor.Shape{l.Kernel, l.Kernel}, []int{l.Pad, l.Pad}, []int{1, 1}, []int{1, 1}))
@@ -163,14 +193,21 @@ func addLayers(h *G.Node, bs int, layers []Layer, param func(ti int, shape ...in
 		case ReLU:
 			h = G.Must(G.Rectify(h))
 		case MaxPool2:
+			h = reshapeTo(h, append([]int{bs}, l.InShape...)...)
 			h = G.Must(G.MaxPool2D(h, tensor.Shape{2, 2}, []int{0, 0}, []int{2, 2}))
 		case Flatten:
 			if h.Shape().Dims() != 2 {
 				h = G.Must(G.Reshape(h, tensor.Shape{bs, prod(l.OutShape)}))
 			}
 		default:
-			return nil, fmt.Errorf("layer kind %v not supported", l.Kind)
+			var err error
+			if h, err = c.addNewLayer(h, c.first+j, l, &skips); err != nil {
+				return nil, err
+			}
 		}
+	}
+	if len(skips) != 0 {
+		return nil, fmt.Errorf("%d residual branches not closed by an add", len(skips))
 	}
 	return h, nil
 }
@@ -282,12 +319,15 @@ func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g 
 		}
 		ybuf[i*classes+y] = 1
 	}
+	for _, m := range n.masks {
+		m.fill(n.dropSeed)
+	}
 	var loss float32
 	var err error
 	if n.ckpt != nil {
-		loss, err = n.ckpt.forwardBackward(scale)
-	} else {
-		loss, err = n.train.forwardBackward(scale)
+		loss, err = n.ckpt.forwardBackward(scale, n.updateRunning)
+	} else if loss, err = n.train.forwardBackward(scale); err == nil {
+		err = n.updateRunning(n.train.stats)
 	}
 	if err != nil {
 		return 0, err
@@ -311,6 +351,12 @@ func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g 
 		clear(src)
 	}
 	return loss, nil
+}
+
+// updateRunning updates the batch norm layers' running statistics in the flat buffer from a
+// training run's batch statistics.
+func (n *Net) updateRunning(reads []*bnRead) error {
+	return updateRunning(n.spec, n.layout, n.params, reads)
 }
 
 // paramNode is a parameter node of a training graph and the layout index of its tensor.

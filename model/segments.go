@@ -2,20 +2,16 @@ package model
 
 import "fmt"
 
-// Segments splits spec's layers into k contiguous segments, each holding at least one weight
-// layer, and returns the index of each segment's first layer (the first is 0). Segment
-// boundaries fall just before weight layers; among those splits it picks one minimising the
-// largest segment's activation size (the sum of its layers' output elements per sample), which
-// bounds the recomputed segment's share of peak memory.
+// Segments splits spec's layers into k contiguous segments and returns the index of each
+// segment's first layer (the first is 0). Segment boundaries fall at CutPoints (just before
+// weight layers or residual branches, never inside a branch); among those splits it picks one
+// minimising the largest segment's activation size (the sum of its layers' output elements
+// per sample), which bounds the recomputed segment's share of peak memory.
 func Segments(spec *Spec, k int) ([]int, error) {
-	pl := spec.ParamLayers()
-	if k < 1 || k > len(pl) {
-		return nil, fmt.Errorf("model: activation checkpointing: segments must be in [1, %d] (the weight layers), got %d", len(pl), k)
+	starts := CutPoints(spec)
+	if k < 1 || k > len(starts) {
+		return nil, fmt.Errorf("model: activation checkpointing: segments must be in [1, %d] (the places this model can be cut), got %d", len(starts), k)
 	}
-	// Units: unit u is the layers from weight layer pl[u] up to the next one; the layers before
-	// the first weight layer (an MLP's flatten) join unit 0.
-	starts := append([]int(nil), pl...)
-	starts[0] = 0
 	cost := make([]int, len(starts))
 	for u := range starts {
 		end := len(spec.Layers)

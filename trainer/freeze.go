@@ -21,9 +21,15 @@ func (t *Trainer) setFrozen(w []float32) {
 	}
 }
 
-// frozenWeights is the fp32 frozen prefix.
+// frozenWeights is the fp32 frozen prefix. Buffers in it (batch norm's running statistics)
+// are updated by the forward pass in the working weights, so they are taken from there.
 func (t *Trainer) frozenWeights() []float32 {
 	if t.frozenMaster != nil {
+		for _, tt := range t.layout.Tensors {
+			if tt.Buffer {
+				copy(t.frozenMaster[tt.Offset:tt.Offset+tt.Size], t.params[tt.Offset:tt.Offset+tt.Size])
+			}
+		}
 		return t.frozenMaster
 	}
 	return t.params[:t.layout.Frozen]

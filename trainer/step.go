@@ -48,6 +48,7 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		}
 		fb := t.beginPhase(memory.PhaseForwardBackward)
 		fbStart := t.clock.Now()
+		t.seedDropout(j)
 		loss, err := t.microBatch(cctx, lossMul, ran == 0, j == t.cfg.Accum-1)
 		fbSecs += t.clock.Now().Sub(fbStart).Seconds()
 		fb.end()
@@ -160,6 +161,25 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		}
 	}
 	return stop, nil
+}
+
+// DropoutSeeder is a Model with dropout layers, whose masks the trainer seeds before each
+// micro-batch.
+type DropoutSeeder interface{ SetDropoutSeed(seed uint64) }
+
+// seedDropout seeds micro-batch j's dropout masks from the run's seed, the step, j and the
+// rank: a resumed run draws the same masks, and every rank its own.
+func (t *Trainer) seedDropout(j int) {
+	s, ok := t.model.(DropoutSeeder)
+	if !ok {
+		return
+	}
+	z := t.seed
+	for _, v := range []uint64{uint64(t.step), uint64(j), uint64(t.rank)} {
+		z = (z ^ v) * 0x9E3779B97F4A7C15
+		z ^= z >> 29
+	}
+	s.SetDropoutSeed(z)
 }
 
 // microBatch runs the forward and backward pass of the filled micro-batch, its gradient

@@ -55,6 +55,21 @@ func TestDevice(t *testing.T, newDevice NewDevice) {
 		{"UnscaleCheck", TestUnscaleCheck},
 		{"SumSquares", TestSumSquares},
 		{"Errors", TestErrors},
+		{"GemmBatched", TestGemmBatched},
+		{"GemmBatchedEmpty", TestGemmBatchedEmpty},
+		{"Axpby", TestAxpby},
+		{"CopyRows", TestCopyRows},
+		{"LayerNorm", TestLayerNorm},
+		{"LayerNormBackward", TestLayerNormBackward},
+		{"GELU", TestGELU},
+		{"GELUGrad", TestGELUGrad},
+		{"Dropout", TestDropout},
+		{"Softmax", TestSoftmax},
+		{"SoftmaxGrad", TestSoftmaxGrad},
+		{"Patchify", TestPatchify},
+		{"BatchNorm", TestBatchNorm},
+		{"BatchNormBackward", TestBatchNormBackward},
+		{"TransformerErrors", TestTransformerErrors},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, newDevice) })
 	}
