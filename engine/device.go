@@ -201,7 +201,7 @@ type Device interface {
 	// (every GEMM reads the same matrix), but never strideC.
 	GemmBatched(transA, transB bool, m, n, k int, alpha float32, a Buf, lda, strideA int, b Buf, ldb, strideB int, beta float32, c Buf, ldc, strideC int, batch int)
 	// Axpby sets y = a·x + b·y elementwise (same length; x may be y): the residual add
-	// (a = b = 1) and scaling (a mean pool's 1/n).
+	// (a = b = 1) and scaling (a mean pool's 1/n). With b 0, y is not read (as Gemm's beta).
 	Axpby(y, x Buf, a, b float32)
 	// CopyRows copies a rows×cols block: dst[r·ldDst + c] = src[r·ldSrc + c], converting
 	// between floating-point types. ldSrc 0 repeats src's first row in every row (the class
@@ -215,16 +215,16 @@ type Device interface {
 	LayerNorm(y, mean, rstd, x, gamma, beta Buf, rows, cols int, eps float32)
 	// LayerNormBackward takes dy and the forward's x, mean, rstd and gamma and sets dgamma =
 	// b·dgamma + Σ_rows dy·x̂ and dbeta = b·dbeta + Σ_rows dy (x̂ = (x − μ)·rstd; either
-	// gradient may be an invalid Buf: frozen) and, if dx is Valid, the input gradient dx
-	// (dx may alias dy).
+	// gradient may be an invalid Buf: frozen; with b 0 they are not read) and, if dx is
+	// Valid, the input gradient dx (dx may alias dy).
 	LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Buf, rows, cols int, b float32)
 	// GELU sets y = x·Φ(x), Φ the standard normal CDF (the exact erf form, torch.nn.GELU()'s
 	// default). y must not alias x: the backward pass reads x.
 	GELU(y, x Buf)
 	// GELUGrad sets dx = dy·(Φ(x) + x·φ(x)) (dx may alias dy).
 	GELUGrad(dx, dy, x Buf)
-	// Dropout sets y = x/(1−p) where DropoutKeep(seed, i, p) and 0 elsewhere, i the element's
-	// index in the view (y may alias x). The mask is a function of (seed, i), so the backward
+	// Dropout sets y = x/(1−p) where DropoutKeep(seed, i, p) and exactly 0 elsewhere, i the
+	// element's index in the view, p in [0, 1] (y may alias x). The mask is a function of (seed, i), so the backward
 	// pass is Dropout on dy with the same seed, and every backend draws the same mask.
 	Dropout(y, x Buf, p float32, seed uint64)
 	// Softmax sets each row of y (rows × cols) to softmax(scale·x) over the row, computed in
@@ -248,8 +248,8 @@ type Device interface {
 	// statistics). Then y = (x − μ)·rstd·gamma + beta (y may alias x only in evaluation).
 	BatchNorm(y, mean, rstd, x, gamma, beta Buf, n, c, hw int, eps float32, train bool)
 	// BatchNormBackward is the training-mode backward pass: dgamma = b·dgamma + Σ dy·x̂,
-	// dbeta = b·dbeta + Σ dy per channel (either may be invalid: frozen) and, if dx is Valid,
-	// dx (may alias dy).
+	// dbeta = b·dbeta + Σ dy per channel (either may be invalid: frozen; with b 0 they are
+	// not read) and, if dx is Valid, dx (may alias dy).
 	BatchNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Buf, n, c, hw int, b float32)
 	// AdamW is the fused optimizer step on fp32 master weights p with fp32 moments m and v
 	// for gradient g (any float type), with vec.AdamW's arithmetic (every operation rounded
