@@ -198,8 +198,12 @@ type Device interface {
 	// GemmBatched is batch GemmLD calls at once (cublasGemmStridedBatchedEx): the i-th
 	// multiplies the matrices starting i·strideA, i·strideB and i·strideC elements into a, b
 	// and c. Multi-head attention runs one per head over the micro-batch. A stride may be 0
-	// (every GEMM reads the same matrix), but never strideC.
+	// (every GEMM reads the same matrix); the C matrices must not share an element (heads
+	// side by side, strideC = head width with ldc = the row, are fine).
 	GemmBatched(transA, transB bool, m, n, k int, alpha float32, a Buf, lda, strideA int, b Buf, ldb, strideB int, beta float32, c Buf, ldc, strideC int, batch int)
+	// The transformer operations below take every floating-point buffer of a call in one
+	// type, except CopyRows (which converts) and the F32 statistics (mean, rstd).
+	//
 	// Axpby sets y = a·x + b·y elementwise (same length; x may be y): the residual add
 	// (a = b = 1) and scaling (a mean pool's 1/n). With b 0, y is not read (as Gemm's beta).
 	Axpby(y, x Buf, a, b float32)

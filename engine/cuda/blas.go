@@ -45,6 +45,9 @@ type cublas struct {
 	gemmEx      func(handle uintptr, transa, transb, m, n, k int32, alpha unsafe.Pointer,
 		a uintptr, atype, lda int32, b uintptr, btype, ldb int32, beta unsafe.Pointer,
 		c uintptr, ctype, ldc int32, compute, algo int32) int32
+	gemmStridedBatchedEx func(handle uintptr, transa, transb, m, n, k int32, alpha unsafe.Pointer,
+		a uintptr, atype, lda int32, strideA int64, b uintptr, btype, ldb int32, strideB int64, beta unsafe.Pointer,
+		c uintptr, ctype, ldc int32, strideC int64, batch, compute, algo int32) int32
 }
 
 // openCuBLAS loads cuBLAS, creates a handle and binds it to stream.
@@ -63,6 +66,7 @@ func openCuBLAS(stream uintptr) (*cublas, error) {
 		{&b.setStream, "cublasSetStream_v2"},
 		{&b.setMathMode, "cublasSetMathMode"},
 		{&b.gemmEx, "cublasGemmEx"},
+		{&b.gemmStridedBatchedEx, "cublasGemmStridedBatchedEx"},
 	} {
 		if err := lib.Bind(s.fn, s.name); err != nil {
 			lib.Close()

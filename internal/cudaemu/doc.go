@@ -12,7 +12,8 @@
 //	libcuda/            the driver API subset gorgonia.org/cu, engine/cuda, internal/pinned and
 //	                    collective/nccl call (symbols.txt lists every one the binary links;
 //	                    the rest are stubs that name themselves), the block executor (exec.cc)
-//	libcublas/          cublasCreate/Destroy/SetStream/SetMathMode/GemmEx/Sgemm on OpenBLAS
+//	libcublas/          cublasCreate/Destroy/SetStream/SetMathMode/GemmEx/Sgemm and
+//	                    GemmStridedBatchedEx on OpenBLAS
 //	libnccl/            the NCCL calls collective/nccl binds, between the ranks of a
 //	                    communicator (goroutines on the emulated devices, or processes) over
 //	                    a POSIX shared-memory segment named in the unique id, queued on the

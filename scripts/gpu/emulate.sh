@@ -89,6 +89,10 @@ if [ "$mode" != quick ]; then
 fi
 
 step "every kernel ran"
+# The list is kernels.cu's own (every entry point the emulator's table has: the transformer
+# layers' kernels too, which engine/cuda's transformer_test.go and the enginetest suite run);
+# the cuBLAS entry points checked at the end are those engine/cuda/blas.go binds
+# (cublasGemmStridedBatchedEx included).
 notrun=$(comm -23 <(go run ./internal/cudaemu/gen -src engine/cuda/kernels/kernels.cu | grep -o '^    {"[a-z0-9_]*"' | tr -d ' {"' | sort) \
   <(awk '$1 == "kernel" {print $2}' "$cov" | sort -u))
 if [ -n "$notrun" ]; then

@@ -306,6 +306,366 @@ template <typename T> __device__ __forceinline__ void sum_squares(float *acc, co
     if (threadIdx.x == 0) atomicAdd(acc, s);
 }
 
+// ---- Transformer layers: GemmBatched is cuBLAS's; the rest are these kernels ----
+
+// The block's values reduced in a fixed tree order (a sum, or a maximum with fmaxf), returned
+// to every thread of the block: every thread must call it (it has barriers). The row kernels
+// below run blocks of any multiple of 32 threads up to THREADS (the Go side sizes them to the
+// row: a block of 32 for attention's short rows), so the loops stride by blockDim.x.
+template <bool Max> __device__ __forceinline__ float block_reduce_all(float v) {
+    __shared__ float warp[THREADS / 32];
+    __shared__ float total;
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_down_sync(0xffffffffu, v, o);
+        v = Max ? fmaxf(v, w) : v + w;
+    }
+    if ((threadIdx.x & 31) == 0) warp[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < (blockDim.x >> 5) ? warp[threadIdx.x] : (Max ? -INFINITY : 0.0f);
+        for (int o = 16; o > 0; o >>= 1) {
+            float w = __shfl_down_sync(0xffffffffu, v, o);
+            v = Max ? fmaxf(v, w) : v + w;
+        }
+        if (threadIdx.x == 0) total = v;
+    }
+    __syncthreads();
+    v = total;
+    __syncthreads(); // warp[] and total are reused by the next call
+    return v;
+}
+
+__device__ __forceinline__ float block_sum_all(float v) { return block_reduce_all<false>(v); }
+
+// The threads that share a row of a row kernel (LayerNorm, Softmax and their backward
+// passes): a warp (warp true: each warp of the block takes rows of its own, for rows short
+// enough that a larger group would idle at its barriers) or the whole block. Rows first,
+// first + step, ... belong to the group; its threads take the row's elements tid, tid + size, ...
+struct RowGroup {
+    bool warp;
+    int tid, size;
+    i64 first, step;
+};
+
+__device__ __forceinline__ RowGroup row_group(i64 warp) {
+    if (warp) {
+        const int per = blockDim.x >> 5;
+        return {true, (int)(threadIdx.x & 31), 32, (i64)blockIdx.x * per + (threadIdx.x >> 5), (i64)gridDim.x * per};
+    }
+    return {false, (int)threadIdx.x, (int)blockDim.x, (i64)blockIdx.x, (i64)gridDim.x};
+}
+
+// The group's values reduced (a sum, or a maximum) and returned to each of its threads: in a
+// warp by a butterfly of shuffles (every lane ends with the same bits, as a + b == b + a), in
+// a block by block_reduce_all. Every thread of the group must call it.
+template <bool Max> __device__ __forceinline__ float group_reduce(const RowGroup &g, float v) {
+    if (!g.warp) return block_reduce_all<Max>(v);
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = Max ? fmaxf(v, w) : v + w;
+    }
+    return v;
+}
+
+// y = a·x + b·y (x may be y); y is not read when b is 0 (BLAS's convention). Each operation
+// is rounded on its own (no fused multiply-add), as the reference device computes it.
+template <typename T> __device__ __forceinline__ void axpby(T *y, const T *x, i64 n, float a, float b) {
+    GRID_STRIDE(i, n) {
+        float v = __fmul_rn(a, tof(x[i]));
+        if (b != 0.0f) v = __fadd_rn(v, __fmul_rn(b, tof(y[i])));
+        y[i] = fromf<T>(v);
+    }
+}
+
+// dst[r·ldDst + c] = src[r·ldSrc + c], converted; ldSrc 0 repeats src's first row.
+template <typename D, typename S>
+__device__ __forceinline__ void copy_rows(D *dst, i64 ldDst, const S *src, i64 ldSrc, i64 rows, i64 cols) {
+    GRID_STRIDE(e, rows * cols) {
+        i64 r = e / cols, c = e - r * cols;
+        dst[r * ldDst + c] = fromf<D>(tof(src[r * ldSrc + c]));
+    }
+}
+
+// 1/sqrt(var + eps), correctly rounded at each step (not rsqrtf's approximation).
+__device__ __forceinline__ float inv_std(float var, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+}
+
+// (v − μ)·rstd·γ + β, each operation rounded on its own.
+__device__ __forceinline__ float normalize(float v, float mu, float rs, float g, float b) {
+    return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, mu), rs), g), b);
+}
+
+// LayerNorm: a row per group (RowGroup: a warp or a block). μ = Σx / cols, σ² = Σ(x − μ)² / cols (two passes over the
+// row, so no cancellation), rstd = 1/sqrt(σ² + eps). The sums' reads come before their
+// reductions, which every thread of the group must reach, and the last pass reads each
+// element just before the same thread stores it, so y may alias x.
+template <typename T>
+__device__ __forceinline__ void layer_norm(T *y, float *mean, float *rstd, const T *x, const T *gamma, const T *beta,
+                                           i64 rows, i64 cols, float eps, i64 warp) {
+    const RowGroup g = row_group(warp);
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const T *xr = x + r * cols;
+        float s = 0.0f;
+        for (i64 c = g.tid; c < cols; c += g.size) s += tof(xr[c]);
+        const float mu = group_reduce<false>(g, s) / (float)cols;
+        float q = 0.0f;
+        for (i64 c = g.tid; c < cols; c += g.size) {
+            float d = tof(xr[c]) - mu;
+            q += d * d;
+        }
+        const float rs = inv_std(group_reduce<false>(g, q) / (float)cols, eps);
+        if (g.tid == 0) {
+            mean[r] = mu;
+            rstd[r] = rs;
+        }
+        T *yr = y + r * cols;
+        for (i64 c = g.tid; c < cols; c += g.size)
+            yr[c] = fromf<T>(normalize(tof(xr[c]), mu, rs, tof(gamma[c]), tof(beta[c])));
+    }
+}
+
+// LayerNormBackward's input gradient, a row per group: with g = dy·γ and x̂ = (x − μ)·rstd,
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)). dy is read in full before the two sums'
+// reductions and then element by element just before dx's element is stored, so dx may alias
+// dy.
+template <typename T>
+__device__ __forceinline__ void layer_norm_grad(T *dx, const T *dy, const T *x, const float *mean, const float *rstd,
+                                                const T *gamma, i64 rows, i64 cols, i64 warp) {
+    const RowGroup grp = row_group(warp);
+    for (i64 r = grp.first; r < rows; r += grp.step) {
+        const T *xr = x + r * cols, *dyr = dy + r * cols;
+        const float mu = mean[r], rs = rstd[r];
+        float sg = 0.0f, sgx = 0.0f;
+        for (i64 c = grp.tid; c < cols; c += grp.size) {
+            float g = tof(dyr[c]) * tof(gamma[c]);
+            sg += g;
+            sgx += g * ((tof(xr[c]) - mu) * rs);
+        }
+        const float mg = group_reduce<false>(grp, sg) / (float)cols;
+        const float mgx = group_reduce<false>(grp, sgx) / (float)cols;
+        T *dxr = dx + r * cols;
+        for (i64 c = grp.tid; c < cols; c += grp.size) {
+            float g = tof(dyr[c]) * tof(gamma[c]);
+            float xh = (tof(xr[c]) - mu) * rs;
+            dxr[c] = fromf<T>(rs * (g - mg - xh * mgx));
+        }
+    }
+}
+
+// LayerNormBackward's parameter gradients, sums over the rows as sum_rows does: a TILE×TILE
+// block owns TILE columns, thread (x, y) sums rows y, y+TILE, ... of column x, then row 0 of
+// the block adds the TILE partial sums in order. dgamma = b·dgamma + Σ dy·x̂, dbeta = b·dbeta
+// + Σ dy; a null one is skipped, and neither is read when b is 0.
+template <typename T>
+__device__ __forceinline__ void layer_norm_params(T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,
+                                                  const float *rstd, i64 rows, i64 cols, float b) {
+    __shared__ float pg[TILE][TILE + 1];
+    __shared__ float pb[TILE][TILE + 1];
+    for (i64 c0 = (i64)blockIdx.x * TILE; c0 < cols; c0 += (i64)gridDim.x * TILE) {
+        i64 c = c0 + threadIdx.x;
+        float sg = 0.0f, sb = 0.0f;
+        if (c < cols) {
+            for (i64 r = threadIdx.y; r < rows; r += TILE) {
+                float g = tof(dy[r * cols + c]);
+                sb += g;
+                sg += g * ((tof(x[r * cols + c]) - mean[r]) * rstd[r]);
+            }
+        }
+        pg[threadIdx.y][threadIdx.x] = sg;
+        pb[threadIdx.y][threadIdx.x] = sb;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < cols) {
+            float tg = 0.0f, tb = 0.0f;
+            for (int k = 0; k < TILE; k++) {
+                tg += pg[k][threadIdx.x];
+                tb += pb[k][threadIdx.x];
+            }
+            if (dgamma) {
+                if (b != 0.0f) tg = b * tof(dgamma[c]) + tg;
+                dgamma[c] = fromf<T>(tg);
+            }
+            if (dbeta) {
+                if (b != 0.0f) tb = b * tof(dbeta[c]) + tb;
+                dbeta[c] = fromf<T>(tb);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// GELU, the exact form: y = x·Φ(x), Φ the standard normal CDF. Φ(x) = (1 + erf(x/√2))/2 =
+// erfc(−x/√2)/2, computed as the latter: the same function, without the cancellation of
+// 1 + erf in the left tail (at x = −3 it keeps ~15 of fp32's 24 bits, at x = −5 ~3).
+#define QVD_SQRT1_2 0.70710678118654752440f
+#define QVD_INV_SQRT_2PI 0.39894228040143267794f
+
+__device__ __forceinline__ float normal_cdf(float v) { return 0.5f * erfcf(-v * QVD_SQRT1_2); }
+
+template <typename T> __device__ __forceinline__ void gelu(T *y, const T *x, i64 n) {
+    GRID_STRIDE(i, n) {
+        float v = tof(x[i]);
+        y[i] = fromf<T>(v * normal_cdf(v));
+    }
+}
+
+// dx = dy·(Φ(x) + x·φ(x)), φ(x) = exp(−x²/2)/√(2π); dx may alias dy.
+template <typename T> __device__ __forceinline__ void gelu_grad(T *dx, const T *dy, const T *x, i64 n) {
+    GRID_STRIDE(i, n) {
+        float v = tof(x[i]);
+        float cdf = normal_cdf(v);
+        float pdf = expf(-0.5f * v * v) * QVD_INV_SQRT_2PI;
+        dx[i] = fromf<T>(tof(dy[i]) * (cdf + v * pdf));
+    }
+}
+
+// engine.DropoutKeep in 64-bit integer arithmetic: SplitMix64 of (seed, i), its top 24 bits
+// as a fraction in [0, 1) (exact in float), kept when not below p.
+__device__ __forceinline__ bool dropout_keep(unsigned long long seed, unsigned long long i, float p) {
+    unsigned long long z = seed + (i + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f) >= p;
+}
+
+// y = x/(1−p) where kept, +0 elsewhere (whatever x holds); y may alias x.
+template <typename T> __device__ __forceinline__ void dropout(T *y, const T *x, i64 n, float p, unsigned long long seed) {
+    const float keep = __fsub_rn(1.0f, p);
+    GRID_STRIDE(i, n) {
+        y[i] = fromf<T>(dropout_keep(seed, (unsigned long long)i, p) ? __fdiv_rn(tof(x[i]), keep) : 0.0f);
+    }
+}
+
+// Softmax of scale·x over each row, a row per group: the maximum, then Σ exp(v − max), then
+// y; every read of the row but the last pass's (one element, just before it is stored)
+// comes before a reduction the whole group must reach, so y may alias x.
+template <typename T>
+__device__ __forceinline__ void softmax(T *y, const T *x, i64 rows, i64 cols, float scale, i64 warp) {
+    const RowGroup g = row_group(warp);
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const T *xr = x + r * cols;
+        float mx = -INFINITY;
+        for (i64 c = g.tid; c < cols; c += g.size) mx = fmaxf(mx, scale * tof(xr[c]));
+        mx = group_reduce<true>(g, mx);
+        float s = 0.0f;
+        for (i64 c = g.tid; c < cols; c += g.size) s += expf(scale * tof(xr[c]) - mx);
+        s = group_reduce<false>(g, s);
+        T *yr = y + r * cols;
+        for (i64 c = g.tid; c < cols; c += g.size) yr[c] = fromf<T>(expf(scale * tof(xr[c]) - mx) / s);
+    }
+}
+
+// dx = scale·y⊙(dy − Σ dy⊙y) per row, a row per group; dx may alias dy.
+template <typename T>
+__device__ __forceinline__ void softmax_grad(T *dx, const T *dy, const T *y, i64 rows, i64 cols, float scale,
+                                             i64 warp) {
+    const RowGroup g = row_group(warp);
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const T *dyr = dy + r * cols, *yr = y + r * cols;
+        float s = 0.0f;
+        for (i64 c = g.tid; c < cols; c += g.size) s += tof(dyr[c]) * tof(yr[c]);
+        s = group_reduce<false>(g, s);
+        T *dxr = dx + r * cols;
+        for (i64 c = g.tid; c < cols; c += g.size) dxr[c] = fromf<T>(scale * tof(yr[c]) * (tof(dyr[c]) - s));
+    }
+}
+
+// Patchify (a bit-exact move): cols is (n·(h/p)·(w/p)) × (c·p·p); row (s·ph + py)·pw + px,
+// column (ci·p + ky)·p + kx holds x[s, ci, py·p + ky, px·p + kx].
+template <typename T>
+__device__ __forceinline__ void patchify(T *cols, const T *x, i64 n, i64 c, i64 h, i64 w, i64 p) {
+    const i64 ph = h / p, pw = w / p, width = c * p * p;
+    GRID_STRIDE(e, n * c * h * w) {
+        i64 row = e / width, col = e - row * width;
+        i64 kx = col % p, ky = (col / p) % p, ci = col / (p * p);
+        i64 px = row % pw, py = (row / pw) % ph, s = row / (pw * ph);
+        cols[e] = x[((s * c + ci) * h + py * p + ky) * w + px * p + kx];
+    }
+}
+
+// Unpatchify: Patchify's inverse, a gather per element of dx.
+template <typename T>
+__device__ __forceinline__ void unpatchify(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 p) {
+    const i64 ph = h / p, pw = w / p, width = c * p * p;
+    GRID_STRIDE(e, n * c * h * w) {
+        i64 xx = e % w, yy = (e / w) % h, ci = (e / (w * h)) % c, s = e / (w * h * c);
+        i64 row = (s * ph + yy / p) * pw + xx / p;
+        i64 col = (ci * p + yy % p) * p + xx % p;
+        dx[e] = cols[row * width + col];
+    }
+}
+
+// BatchNorm's training statistics, one block per channel of x (n × c × hw): μ and σ² over
+// the n·hw elements (two passes), stored as mean and rstd = 1/sqrt(σ² + eps).
+template <typename T>
+__device__ __forceinline__ void batch_norm_stats(float *mean, float *rstd, const T *x, i64 n, i64 c, i64 hw, float eps) {
+    const i64 m = n * hw;
+    for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        float s = 0.0f;
+        for (i64 e = threadIdx.x; e < m; e += blockDim.x) {
+            i64 smp = e / hw;
+            s += tof(x[(smp * c + ch) * hw + (e - smp * hw)]);
+        }
+        const float mu = block_sum_all(s) / (float)m;
+        float q = 0.0f;
+        for (i64 e = threadIdx.x; e < m; e += blockDim.x) {
+            i64 smp = e / hw;
+            float d = tof(x[(smp * c + ch) * hw + (e - smp * hw)]) - mu;
+            q += d * d;
+        }
+        const float rs = inv_std(block_sum_all(q) / (float)m, eps);
+        if (threadIdx.x == 0) {
+            mean[ch] = mu;
+            rstd[ch] = rs;
+        }
+    }
+}
+
+// y = (x − μ)·rstd·γ + β per channel, elementwise (training after batch_norm_stats, and
+// evaluation with the running statistics); y may alias x.
+template <typename T>
+__device__ __forceinline__ void batch_norm_apply(T *y, const T *x, const float *mean, const float *rstd, const T *gamma,
+                                                 const T *beta, i64 n, i64 c, i64 hw) {
+    GRID_STRIDE(e, n * c * hw) {
+        i64 ch = (e / hw) % c;
+        y[e] = fromf<T>(normalize(tof(x[e]), mean[ch], rstd[ch], tof(gamma[ch]), tof(beta[ch])));
+    }
+}
+
+// BatchNormBackward, one block per channel: Σ dy and Σ dy·x̂ over the channel's n·hw
+// elements, dbeta = b·dbeta + Σ dy and dgamma = b·dgamma + Σ dy·x̂ (null: skipped; not read
+// when b is 0), and, if dx is not null, dx = γ·rstd·(dy − mean(dy) − x̂·mean(dy·x̂)). dy is
+// read in full before the sums' barriers, so dx may alias dy.
+template <typename T>
+__device__ __forceinline__ void batch_norm_grad(T *dx, T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,
+                                                const float *rstd, const T *gamma, i64 n, i64 c, i64 hw, float b) {
+    const i64 m = n * hw;
+    for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        const float mu = mean[ch], rs = rstd[ch];
+        float sd = 0.0f, sdx = 0.0f;
+        for (i64 e = threadIdx.x; e < m; e += blockDim.x) {
+            i64 smp = e / hw, k = (smp * c + ch) * hw + (e - smp * hw);
+            float g = tof(dy[k]);
+            sd += g;
+            sdx += g * ((tof(x[k]) - mu) * rs);
+        }
+        sd = block_sum_all(sd);
+        sdx = block_sum_all(sdx);
+        if (threadIdx.x == 0) {
+            if (dgamma) dgamma[ch] = fromf<T>(b != 0.0f ? b * tof(dgamma[ch]) + sdx : sdx);
+            if (dbeta) dbeta[ch] = fromf<T>(b != 0.0f ? b * tof(dbeta[ch]) + sd : sd);
+        }
+        if (!dx) continue;
+        const float md = sd / (float)m, mdx = sdx / (float)m, gr = tof(gamma[ch]) * rs;
+        for (i64 e = threadIdx.x; e < m; e += blockDim.x) {
+            i64 smp = e / hw, k = (smp * c + ch) * hw + (e - smp * hw);
+            float xh = (tof(x[k]) - mu) * rs;
+            dx[k] = fromf<T>(gr * (tof(dy[k]) - md - xh * mdx));
+        }
+    }
+}
+
 // ---- Entry points ----
 
 #define KERNEL extern "C" __global__ void __launch_bounds__(THREADS)
@@ -354,3 +714,56 @@ template <typename T> __device__ __forceinline__ void sum_squares(float *acc, co
 
 EACH_TYPE(ONE_TYPE)
 EACH_PAIR(TWO_TYPES)
+
+// The transformer layers' operations (GemmBatched is cuBLAS's).
+#define ONE_TYPE_NN(s, T)                                                                                    \
+    KERNEL axpby_##s(T *y, const T *x, i64 n, float a, float b) { axpby<T>(y, x, n, a, b); }                  \
+    KERNEL layer_norm_##s(T *y, float *mean, float *rstd, const T *x, const T *gamma, const T *beta, i64 rows, \
+                          i64 cols, float eps, i64 warp) {                                                   \
+        layer_norm<T>(y, mean, rstd, x, gamma, beta, rows, cols, eps, warp);                                 \
+    }                                                                                                        \
+    KERNEL layer_norm_grad_##s(T *dx, const T *dy, const T *x, const float *mean, const float *rstd,          \
+                               const T *gamma, i64 rows, i64 cols, i64 warp) {                               \
+        layer_norm_grad<T>(dx, dy, x, mean, rstd, gamma, rows, cols, warp);                                  \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(TILE * TILE)                                                \
+        layer_norm_params_##s(T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,               \
+                              const float *rstd, i64 rows, i64 cols, float b) {                              \
+        layer_norm_params<T>(dgamma, dbeta, dy, x, mean, rstd, rows, cols, b);                               \
+    }                                                                                                        \
+    KERNEL gelu_##s(T *y, const T *x, i64 n) { gelu<T>(y, x, n); }                                           \
+    KERNEL gelu_grad_##s(T *dx, const T *dy, const T *x, i64 n) { gelu_grad<T>(dx, dy, x, n); }              \
+    KERNEL dropout_##s(T *y, const T *x, i64 n, float p, unsigned long long seed) {                          \
+        dropout<T>(y, x, n, p, seed);                                                                        \
+    }                                                                                                        \
+    KERNEL softmax_##s(T *y, const T *x, i64 rows, i64 cols, float scale, i64 warp) {                        \
+        softmax<T>(y, x, rows, cols, scale, warp);                                                           \
+    }                                                                                                        \
+    KERNEL softmax_grad_##s(T *dx, const T *dy, const T *y, i64 rows, i64 cols, float scale, i64 warp) {     \
+        softmax_grad<T>(dx, dy, y, rows, cols, scale, warp);                                                 \
+    }                                                                                                        \
+    KERNEL patchify_##s(T *cols, const T *x, i64 n, i64 c, i64 h, i64 w, i64 p) {                            \
+        patchify<T>(cols, x, n, c, h, w, p);                                                                 \
+    }                                                                                                        \
+    KERNEL unpatchify_##s(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 p) {                         \
+        unpatchify<T>(dx, cols, n, c, h, w, p);                                                              \
+    }                                                                                                        \
+    KERNEL batch_norm_stats_##s(float *mean, float *rstd, const T *x, i64 n, i64 c, i64 hw, float eps) {     \
+        batch_norm_stats<T>(mean, rstd, x, n, c, hw, eps);                                                   \
+    }                                                                                                        \
+    KERNEL batch_norm_apply_##s(T *y, const T *x, const float *mean, const float *rstd, const T *gamma,      \
+                                const T *beta, i64 n, i64 c, i64 hw) {                                       \
+        batch_norm_apply<T>(y, x, mean, rstd, gamma, beta, n, c, hw);                                        \
+    }                                                                                                        \
+    KERNEL batch_norm_grad_##s(T *dx, T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,       \
+                               const float *rstd, const T *gamma, i64 n, i64 c, i64 hw, float b) {           \
+        batch_norm_grad<T>(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, hw, b);                        \
+    }
+
+#define TWO_TYPES_NN(s1, T1, s2, T2)                                                                       \
+    KERNEL copy_rows_##s1##_##s2(T1 *dst, i64 ldDst, const T2 *src, i64 ldSrc, i64 rows, i64 cols) {         \
+        copy_rows<T1, T2>(dst, ldDst, src, ldSrc, rows, cols);                                             \
+    }
+
+EACH_TYPE(ONE_TYPE_NN)
+EACH_PAIR(TWO_TYPES_NN)

@@ -43,12 +43,16 @@ var Types = []string{"f32", "f16", "bf16"}
 var Unary = []string{
 	"fill", "add_bias", "relu", "relu_grad", "transpose01", "im2col", "col2im",
 	"maxpool2", "maxpool2_scatter", "softmax_xent", "unscale_check", "sum_squares",
+	// The transformer layers' operations.
+	"axpby", "layer_norm", "layer_norm_grad", "layer_norm_params", "gelu", "gelu_grad", "dropout",
+	"softmax", "softmax_grad", "patchify", "unpatchify", "batch_norm_stats", "batch_norm_apply",
+	"batch_norm_grad",
 }
 
 // Binary are the operations instantiated for every pair of types: entry point op_A_B, where
-// A and B are, in order, convert's destination and source, sum_rows' and sum_cols' destination
-// and source, and adamw's gradient and working-precision weights.
-var Binary = []string{"convert", "sum_rows", "sum_cols", "adamw"}
+// A and B are, in order, convert's and copy_rows' destination and source, sum_rows' and
+// sum_cols' destination and source, and adamw's gradient and working-precision weights.
+var Binary = []string{"convert", "sum_rows", "sum_cols", "adamw", "copy_rows"}
 
 // Name is the entry point of op for the given type suffixes.
 func Name(op string, types ...string) string {
