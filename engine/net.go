@@ -915,45 +915,96 @@ func (n *Net) convWorkspace(p *pass, s ConvShape) Buf {
 type bwdBufs struct{ dx, ws Buf }
 
 // backwardBuffers allocates the whole backward pass's workspace before any gradient is
-// written, so an out-of-memory failure never leaves a gradient half written.
+// written, so an out-of-memory failure never leaves a gradient half written. A buffer is
+// dead once the layer below has read it, so the input gradients take turns in two buffers
+// (the one a layer reads from, the one it writes to), and each other kind of workspace (an
+// attention's probabilities' gradient, a convolution's unfolding, the class token's rows, the
+// gradient a residual branch's input waits for at each nesting level) has one buffer of the
+// largest size any layer needs: the workspace of a deep model is that of about two layers,
+// not of all of them.
 func (n *Net) backwardBuffers(p *pass, lo, hi, rows int) []bwdBufs {
 	ws := make([]bwdBufs, len(n.spec.Layers))
 	if n.onesN > 0 {
 		p.onesOf(n.onesN) // pooling's ones, before any gradient is written
 	}
-	for i := hi - 1; i >= lo && p.err == nil; i-- {
+	type slot struct {
+		size int
+		t    DType
+		uses []*Buf
+		lens []int
+	}
+	slots := map[string]*slot{}
+	var order []string
+	use := func(key string, dst *Buf, size int, t DType) {
+		sl := slots[key]
+		if sl == nil {
+			sl = &slot{t: t}
+			slots[key] = sl
+			order = append(order, key)
+		}
+		sl.size = max(sl.size, size)
+		sl.uses = append(sl.uses, dst)
+		sl.lens = append(sl.lens, size)
+	}
+	cur := -1 // the gradient buffer the current dy lies in (-1: the caller's)
+	grad := func(dst *Buf, size int) {
+		next := 0
+		if cur == 0 {
+			next = 1
+		}
+		use(fmt.Sprintf("grad%d", next), dst, size, n.dt)
+		cur = next
+	}
+	depth := 0
+plan:
+	for i := hi - 1; i >= lo; i-- {
 		l := n.spec.Layers[i]
 		in := rows * prod(l.InShape)
 		if !l.Kind.HasParams() && !n.needDx[i] {
-			return ws
+			break
 		}
 		if l.Kind == model.Tokens && !n.layout.Tensors[l.Weight].Frozen {
 			// The class token's gradient is the sum of the batch's token-0 gradients.
-			ws[i].ws = p.alloc(rows*l.Out, n.dt)
+			use("tokens", &ws[i].ws, rows*l.Out, n.dt)
 		}
 		switch l.Kind {
 		case model.Dense, model.PatchEmbed, model.Tokens:
 			if !n.needDx[i] {
-				return ws
+				break plan
 			}
-			ws[i].dx = p.alloc(in, n.dt)
+			grad(&ws[i].dx, in)
 		case model.Conv2D:
-			ws[i].ws = n.convWorkspace(p, n.convShape(l, rows))
-			if !n.needDx[i] {
-				return ws
+			if wn, wt := n.dev.ConvWorkspace(n.convShape(l, rows), n.dt); wn > 0 {
+				use("conv-"+wt.String(), &ws[i].ws, wn, wt)
 			}
-			ws[i].dx = p.alloc(in, n.dt)
+			if !n.needDx[i] {
+				break plan
+			}
+			grad(&ws[i].dx, in)
 		case model.LayerNorm, model.BatchNorm2d:
 			if !n.needDx[i] {
-				return ws
+				break plan
 			}
 		case model.MaxPool2, model.ClassPool, model.MeanPool:
-			ws[i].dx = p.alloc(in, n.dt)
+			grad(&ws[i].dx, in)
 		case model.Add:
-			ws[i].ws = p.alloc(in, n.dt) // the skip's copy of the gradient
+			use(fmt.Sprintf("skip%d", depth), &ws[i].ws, in, n.dt) // the skip's copy of the gradient
+			depth++
+		case model.Residual:
+			depth--
 		case model.Attention:
-			ws[i].dx = p.alloc(in, n.dt)
-			ws[i].ws = p.alloc(rows*l.Heads*l.InShape[0]*l.InShape[0], n.dt)
+			use("attention", &ws[i].ws, rows*l.Heads*l.InShape[0]*l.InShape[0], n.dt)
+			grad(&ws[i].dx, in)
+		}
+	}
+	for _, key := range order {
+		sl := slots[key]
+		b := p.alloc(sl.size, sl.t)
+		if p.err != nil {
+			return ws
+		}
+		for k, dst := range sl.uses {
+			*dst = b.Slice(0, sl.lens[k])
 		}
 	}
 	return ws
