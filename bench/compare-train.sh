@@ -8,13 +8,14 @@
 #   mlp       qvd train -c configs/fashion-mlp.yaml           vs torch_train.py --model mlp
 #   cnn       qvd train -c configs/fashion-cnn.yaml           vs torch_train.py --model cnn
 #   mlp-big   the MLP config with hidden [4096, 4096, 4096]   vs torch_train.py --model mlp-big
+#   vit       qvd train -c configs/fashion-vit.yaml           vs torch_train.py --model vit --hflip
 #   ddp4      qvd launch --nproc 4 ... fashion-mlp --micro-batch 16  vs torch_train.py --world 4 --batch 16
 #   ddp4-cnn  the same with the CNN
 #
 # Each round runs every case once, qvd and torch back to back, alternating which goes first
 # from round to round, so the load swings of a noisy machine hit both alike. A run trains W
 # warm-up steps (untimed; default 20) and then S timed steps (default per case: mlp 8000,
-# cnn 1500, mlp-big 40, ddp4 2500, ddp4-cnn 200; each run ~10-40 s here). A run's figure is the
+# cnn 1500, mlp-big 40, vit VITSTEPS, ddp4 2500, ddp4-cnn 200; each run ~10-40 s here). A run's figure is the
 # median over its timed steps of the per-step global samples/s: for qvd the samples_per_sec of
 # rank 0's metrics.jsonl (the step's wall time from its start to the optimizer's end, batch
 # filling included), for torch the same from time.perf_counter around each whole step. The
@@ -26,7 +27,10 @@
 # separate OpenBLAS pool: for mlp and cnn (small matrices) torch runs it with one thread
 # (--blas-threads 1), which was faster on the 2-core development machine than 2 OpenMP + 2
 # OpenBLAS threads spinning against each other (it uses all of them for mlp-big). Override with
-# TORCH_ARGS="--blas-threads N" (later arguments win). torch_train.py also sets GLIBC_TUNABLES so
+# TORCH_ARGS="--blas-threads N" (later arguments win). vit: VITBLAS
+# The ViT config flips the training images (augment: {hflip: true}); qvd runs it as shipped and
+# torch gets the same flip (--hflip: each sample mirrored with probability 1/2, a torch.where
+# over the batch), so both pay for an augmentation of the same amount. torch_train.py also sets GLIBC_TUNABLES so
 # that glibc reuses freed memory rather than mapping it afresh for every step's temporaries
 # (3-4x faster steps on the development VM); TORCH_ARGS="--malloc default" measures it without.
 #
@@ -87,11 +91,13 @@ for c in "${cases[@]}"; do
          tcmd[$c]="$PY bench/torch_train.py --model cnn --batch 64 --threads $ncpu --blas-threads 1"; dsteps[$c]=1500 ;;
     mlp-big) qcmd[$c]="$QVD train -c $tmp/fashion-mlp-big.yaml --threads $ncpu"
          tcmd[$c]="$PY bench/torch_train.py --model mlp-big --batch 64 --threads $ncpu"; dsteps[$c]=40 ;;
+    vit) qcmd[$c]="$QVD train -c configs/fashion-vit.yaml --threads $ncpu"
+         tcmd[$c]="$PY bench/torch_train.py --model vit --hflip --batch 64 --threads $ncpu --blas-threads VITBT"; dsteps[$c]=VITSTEPS ;;
     ddp4) qcmd[$c]="$QVD launch --nproc 4 -c configs/fashion-mlp.yaml --micro-batch 16 --threads $ddp_threads"
          tcmd[$c]="$PY bench/torch_train.py --model mlp --world 4 --batch 16 --threads $ddp_threads"; dsteps[$c]=2500 ;;
     ddp4-cnn) qcmd[$c]="$QVD launch --nproc 4 -c configs/fashion-cnn.yaml --micro-batch 16 --threads $ddp_threads"
          tcmd[$c]="$PY bench/torch_train.py --model cnn --world 4 --batch 16 --threads $ddp_threads"; dsteps[$c]=200 ;;
-    *) echo "unknown case $c (want mlp, cnn, mlp-big, ddp4, ddp4-cnn)" >&2; exit 2 ;;
+    *) echo "unknown case $c (want mlp, cnn, mlp-big, vit, ddp4, ddp4-cnn)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,24 +1,31 @@
 #!/usr/bin/python3
 """PyTorch side of the CPU training comparison (bench/compare-train.sh): the models, training
-step and data path of `qvd train -c configs/fashion-{mlp,cnn}.yaml`, timed step by step.
+step and data path of `qvd train -c configs/fashion-{mlp,cnn,vit}.yaml`, timed step by step.
 
 Usage (use the system python3, which has Debian's PyTorch):
   /usr/bin/python3 bench/torch_train.py --model mlp                 # 20 warm-up + 300 timed steps
   /usr/bin/python3 bench/torch_train.py --model cnn --steps 200 --threads 2
   /usr/bin/python3 bench/torch_train.py --model mlp --world 4 --batch 16   # DDP, 4 x 16 = 64
+  /usr/bin/python3 bench/torch_train.py --model vit --hflip --steps 200
   /usr/bin/python3 bench/torch_train.py --model cnn --epochs 1      # train, print test accuracy
 
 Models (ReLU; NCHW; Flatten in NCHW order):
   mlp      784-256-128-10                                  (configs/fashion-mlp.yaml)
   cnn      conv3x3(1->16,same)-pool2-conv3x3(16->32,same)-pool2-1568-128-10 (configs/fashion-cnn.yaml)
   mlp-big  784-4096-4096-4096-10 (36.8M parameters)
+  vit      configs/fashion-vit.yaml's ViT: patch 7 (16 tokens + a class token), dim 64, depth 6,
+           heads 4, mlp_ratio 2, dropout 0 (~205k parameters), the exact PyTorch twin of qvd's
+           (build_vit of scripts/torch_interop.py)
 
 One step, as qvd's: select the batch (index_select from the in-memory, normalised data set by
 a random permutation per epoch), forward, CrossEntropyLoss (mean), zero_grad(set_to_none),
 backward, clip_grad_norm_(1.0), AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-4).step(),
 with the configs' learning-rate schedule (linear warm-up over 200 steps, cosine decay to 0.01
 of the base lr over the run; --schedule constant turns it off). Each whole step is timed with
-time.perf_counter.
+time.perf_counter. The vit model takes fashion-vit.yaml's lr 2e-3, wd 0.05 and 500 warm-up
+steps instead. --hflip mirrors each sample of the batch left to right with probability 1/2,
+drawn per step (fashion-vit.yaml's augment: {hflip: true}; qvd draws per sample and epoch from
+its own generator, so the flips are not the same ones, only as many).
 
 Allocator: by default (--malloc tuned) the script runs with GLIBC_TUNABLES set so that glibc
 reuses freed memory instead of returning it to the kernel (see MALLOC_TUNABLES below); an
@@ -58,7 +65,14 @@ import time
 
 MEAN, STD = 0.2860, 0.3530
 DATA = "/usr/share/datasets/fashion-mnist"
-SCHED_WARMUP, SCHED_MIN_RATIO = 200, 0.01  # configs/fashion-{mlp,cnn}.yaml: warmup_cosine
+# The configs' optimizer and schedule: (lr, weight decay, warm-up steps) of the AdamW and the
+# warmup_cosine schedule (min_ratio 0.01 in all).
+HPARAMS = {"vit": (2e-3, 0.05, 500)}          # configs/fashion-vit.yaml
+HPARAMS_DEFAULT = (1e-3, 1e-4, 200)           # configs/fashion-{mlp,cnn}.yaml
+SCHED_MIN_RATIO = 0.01
+# configs/fashion-vit.yaml's model, as scripts/torch_interop.py's spec.
+VIT_SPEC = {"type": "vit", "input": [1, 28, 28], "classes": 10, "patch": 7, "dim": 64, "depth": 6,
+            "heads": 4, "mlp_ratio": 2, "dropout": 0}
 # glibc malloc serves blocks of 128 KiB and more with fresh mmaps and unmaps them on free, so
 # each step's activation, gradient and optimizer temporaries page-fault their memory in anew
 # (4.7x the step time of the MLP on the development VM). These keep freed memory for reuse, as
@@ -69,7 +83,7 @@ MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_thresh
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "cnn", "mlp-big"], default="mlp")
+    ap.add_argument("--model", choices=["mlp", "cnn", "mlp-big", "vit"], default="mlp")
     ap.add_argument("--channels", default="32,64",
                     help="the CNN's two conv widths (configs/fashion-cnn.yaml's model.channels)")
     ap.add_argument("--batch", type=int, default=64, help="batch per process (global = world x batch)")
@@ -85,6 +99,8 @@ def parse_args():
     ap.add_argument("--data", default=DATA, help="directory of the Fashion-MNIST IDX .gz files")
     ap.add_argument("--random", action="store_true", help="random data of the same shape instead of Fashion-MNIST")
     ap.add_argument("--schedule", choices=["warmup_cosine", "constant"], default="warmup_cosine")
+    ap.add_argument("--hflip", action="store_true",
+                    help="mirror each training sample left to right with probability 1/2 (data.augment.hflip)")
     ap.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
                     help="tuned: glibc keeps freed memory instead of unmapping it (see the top of the file)")
     ap.add_argument("--seed", type=int, default=42)
@@ -96,6 +112,8 @@ def parse_args():
         ap.error("--batch, --steps, --world must be >= 1; --warmup, --threads, --blas-threads, --epochs >= 0")
     if a.epochs and a.random:
         ap.error("--epochs needs the real data (drop --random)")
+    if a.hflip and a.model.startswith("mlp"):
+        ap.error("--hflip needs image-shaped input (cnn, vit)")
     cores = os.cpu_count() or 1
     if a.threads == 0:
         a.threads = max(1, cores // a.world)
@@ -144,6 +162,12 @@ def load(a, split, shape):
 
 
 def build(name, channels=(32, 64)):
+    if name == "vit":
+        # The exact PyTorch twin of qvd's ViT (its layout, pre-norm blocks, exact GELU,
+        # LayerNorm eps 1e-6, truncated-normal class token and position embeddings).
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+        from torch_interop import build_vit
+        return build_vit(VIT_SPEC)
     if name == "mlp":
         return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
     if name == "mlp-big":
@@ -156,15 +180,15 @@ def build(name, channels=(32, 64)):
         nn.Flatten(), nn.Linear(c2 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def lr_factor(kind, s, total):
+def lr_factor(kind, s, total, warmup):
     """qvd's trainer.ScheduleConfig.Factor for warmup_cosine (linear warm-up) at step s (0-based)."""
     if kind == "constant":
         return 1.0
-    if s < SCHED_WARMUP:
-        return (s + 1) / SCHED_WARMUP
+    if s < warmup:
+        return (s + 1) / warmup
     p = 1.0
-    if total > SCHED_WARMUP:
-        p = min(1.0, (s - SCHED_WARMUP) / (total - SCHED_WARMUP))
+    if total > warmup:
+        p = min(1.0, (s - warmup) / (total - warmup))
     return SCHED_MIN_RATIO + (1 - SCHED_MIN_RATIO) * 0.5 * (1 + math.cos(math.pi * p))
 
 
@@ -191,7 +215,8 @@ def train(rank, a):
     nparams = sum(p.numel() for p in net.parameters())
     model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-4)
+    base_lr, wd, sched_warmup = HPARAMS.get(a.model, HPARAMS_DEFAULT)
+    opt = torch.optim.AdamW(params, lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
     loss_fn = nn.CrossEntropyLoss()
     model.train()
 
@@ -210,11 +235,14 @@ def train(rank, a):
             perm = torch.randperm(len(xtr), generator=gen)
         idx = perm[k * glob + lo:k * glob + hi]
         x, y = xtr.index_select(0, idx), ytr.index_select(0, idx)
+        if a.hflip:
+            flip = torch.rand(len(idx), generator=gen) < 0.5
+            x = torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-1), x)
         loss = loss_fn(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        lr = 1e-3 * lr_factor(a.schedule, s, total)
+        lr = base_lr * lr_factor(a.schedule, s, total, sched_warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.step()
@@ -235,7 +263,7 @@ def train(rank, a):
             acc, tloss = evaluate(net, a, shape)
             print(json.dumps({"impl": "torch", "torch": torch.__version__, "model": a.model, "params": nparams,
                               "batch": glob, "threads": a.threads, "blas_threads": a.blas_threads,
-                              "malloc": os.environ.get("GLIBC_TUNABLES", "default"), "world": world, "epochs": a.epochs,
+                              "malloc": os.environ.get("GLIBC_TUNABLES", "default"), "world": world, "hflip": a.hflip, "epochs": a.epochs,
                               "steps": total, "seconds": round(el, 3), "samples_per_sec_mean": total * glob / el,
                               "test_accuracy": acc, "test_loss": tloss}), flush=True)
         return
@@ -260,7 +288,7 @@ def train(rank, a):
         log(f"torch {a.model}: loss {first:.4f} (first {k} steps, rank 0) -> {last:.4f} (last {k})")
         print(json.dumps({"impl": "torch", "torch": torch.__version__, "model": a.model, "params": nparams,
                           "batch": glob, "threads": a.threads, "blas_threads": a.blas_threads,
-                              "malloc": os.environ.get("GLIBC_TUNABLES", "default"), "world": world, "steps": a.steps,
+                              "malloc": os.environ.get("GLIBC_TUNABLES", "default"), "world": world, "hflip": a.hflip, "steps": a.steps,
                           "warmup": a.warmup, "data": "random" if a.random else "fashion-mnist",
                           "samples_per_sec_median": statistics.median(rates),
                           "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
