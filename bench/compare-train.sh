@@ -15,24 +15,27 @@
 # Each round runs every case once, qvd and torch back to back, alternating which goes first
 # from round to round, so the load swings of a noisy machine hit both alike. A run trains W
 # warm-up steps (untimed; default 20) and then S timed steps (default per case: mlp 8000,
-# cnn 1500, mlp-big 40, vit VITSTEPS, ddp4 2500, ddp4-cnn 200; each run ~10-40 s here). A run's figure is the
-# median over its timed steps of the per-step global samples/s: for qvd the samples_per_sec of
-# rank 0's metrics.jsonl (the step's wall time from its start to the optimizer's end, batch
-# filling included), for torch the same from time.perf_counter around each whole step. The
-# table gives, per case, the median over rounds of the run figures with their min-max, the
-# ratio of the medians, and the same ratio for the runs' means (total samples / total step time).
+# cnn 1500, mlp-big 40, vit 250, ddp4 2500, ddp4-cnn 200; each run ~10-40 s here). A run's
+# figure is the median over its timed steps of the per-step global samples/s: for qvd the
+# samples_per_sec of rank 0's metrics.jsonl (the step's wall time from its start to the
+# optimizer's end, batch filling included), for torch the same from time.perf_counter around
+# each whole step. The table gives, per case, the median over rounds of the run figures with
+# their min-max, the ratio of the medians, and the same ratio for the runs' means (total
+# samples / total step time).
 #
 # Threads: qvd gets --threads $(nproc) (under launch, nproc/4 per rank, at least 1); torch gets
 # torch.set_num_threads with the same count. Debian's PyTorch runs its matrix products in a
 # separate OpenBLAS pool: for mlp and cnn (small matrices) torch runs it with one thread
 # (--blas-threads 1), which was faster on the 2-core development machine than 2 OpenMP + 2
 # OpenBLAS threads spinning against each other (it uses all of them for mlp-big). Override with
-# TORCH_ARGS="--blas-threads N" (later arguments win). vit: VITBLAS
-# The ViT config flips the training images (augment: {hflip: true}); qvd runs it as shipped and
-# torch gets the same flip (--hflip: each sample mirrored with probability 1/2, a torch.where
-# over the batch), so both pay for an augmentation of the same amount. torch_train.py also sets GLIBC_TUNABLES so
-# that glibc reuses freed memory rather than mapping it afresh for every step's temporaries
-# (3-4x faster steps on the development VM); TORCH_ARGS="--malloc default" measures it without.
+# TORCH_ARGS="--blas-threads N" (later arguments win). vit: --blas-threads 1 too, tried once
+# each on the development machine (2026-11-24, 200 steps): 1 thread 679 samples/s, 2 threads
+# 450. The ViT config flips the training images (augment: {hflip: true}): qvd runs the config
+# as shipped and torch gets the same flip (--hflip: each sample mirrored with probability 1/2,
+# drawn per step, a torch.where over the batch), so both pay for the same augmentation.
+# torch_train.py also sets GLIBC_TUNABLES so that glibc reuses freed memory rather than mapping
+# it afresh for every step's temporaries (3-4x faster steps on the development VM);
+# TORCH_ARGS="--malloc default" measures it without.
 #
 # Environment: QVD (default bin/qvd; build it with `go build -o bin/qvd ./cmd/qvd`),
 # PY (default /usr/bin/python3, the Python that has Debian's PyTorch), QVD_ARGS / TORCH_ARGS
@@ -92,7 +95,7 @@ for c in "${cases[@]}"; do
     mlp-big) qcmd[$c]="$QVD train -c $tmp/fashion-mlp-big.yaml --threads $ncpu"
          tcmd[$c]="$PY bench/torch_train.py --model mlp-big --batch 64 --threads $ncpu"; dsteps[$c]=40 ;;
     vit) qcmd[$c]="$QVD train -c configs/fashion-vit.yaml --threads $ncpu"
-         tcmd[$c]="$PY bench/torch_train.py --model vit --hflip --batch 64 --threads $ncpu --blas-threads VITBT"; dsteps[$c]=VITSTEPS ;;
+         tcmd[$c]="$PY bench/torch_train.py --model vit --hflip --batch 64 --threads $ncpu --blas-threads 1"; dsteps[$c]=250 ;;
     ddp4) qcmd[$c]="$QVD launch --nproc 4 -c configs/fashion-mlp.yaml --micro-batch 16 --threads $ddp_threads"
          tcmd[$c]="$PY bench/torch_train.py --model mlp --world 4 --batch 16 --threads $ddp_threads"; dsteps[$c]=2500 ;;
     ddp4-cnn) qcmd[$c]="$QVD launch --nproc 4 -c configs/fashion-cnn.yaml --micro-batch 16 --threads $ddp_threads"
