@@ -212,7 +212,9 @@ func (d *Device) download(dst []float32, src engine.Buf) {
 		return
 	}
 	// Also the queue's asynchronous failures, when src was empty.
-	d.check("Download: cuStreamSynchronize", d.stream.Synchronize())
+	if d.check("Download: cuStreamSynchronize", d.stream.Synchronize()) {
+		d.readReport()
+	}
 }
 
 // encode writes src into b in type t, rounding to nearest even.

@@ -43,6 +43,15 @@ type Device struct {
 	computeEv  cu.Event // marks the compute stream's queue for the copy stream to wait on
 	copyDoneEv cu.Event // marks the copy stream's queue for WaitUploads
 
+	// live maps each allocation of Malloc not yet released to its size in bytes: every
+	// operation checks its views against it before it queues anything, as a kernel given a
+	// freed or foreign address faults, and a fault loses the context for good.
+	live map[engine.Ptr]int64
+	// report is the kernels' failure report (readReport); reportCheck is set while a kernel
+	// that may write it has been queued since it was last read.
+	report      cu.DevicePtr
+	reportCheck bool
+
 	err    error // the first failure since the last Sync; operations are skipped while set
 	closed bool
 }
@@ -74,7 +83,7 @@ func Open(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: retaining the primary context of device %d: %w", engine.ErrDevice, ordinal, err)
 	}
-	d := &Device{ordinal: ordinal, dev: dev, ctx: ctx}
+	d := &Device{ordinal: ordinal, dev: dev, ctx: ctx, live: map[engine.Ptr]int64{}}
 	if err := d.open(); err != nil {
 		d.release()
 		return nil, fmt.Errorf("%w: opening device %d: %w", engine.ErrDevice, ordinal, err)
@@ -138,6 +147,12 @@ func (d *Device) open() error {
 	if err := d.loadKernels(); err != nil {
 		return err
 	}
+	if d.report, err = cu.MemAlloc(reportBytes); err != nil {
+		return fmt.Errorf("cuMemAlloc: %w", err)
+	}
+	if err := cu.MemsetD8Async(d.report, 0, reportBytes, d.stream); err != nil {
+		return fmt.Errorf("cuMemsetD8Async: %w", err)
+	}
 	d.blas, err = openCuBLAS(d.StreamHandle())
 	return err
 }
@@ -163,6 +178,10 @@ func (d *Device) release() error {
 	if d.mod != (cu.Module{}) {
 		keep("cuModuleUnload", d.mod.Unload())
 		d.mod, d.kern = cu.Module{}, nil
+	}
+	if d.report != 0 {
+		keep("cuMemFree", cu.MemFree(d.report))
+		d.report = 0
 	}
 	d.stage.free()
 	d.copyStage.free()
@@ -315,6 +334,8 @@ func (d *Device) Sync() error {
 	if err == nil {
 		if err = d.waitStreams(); err != nil {
 			err = fmt.Errorf("%w: cuStreamSynchronize: %w", engine.ErrDevice, err)
+		} else {
+			d.readReport()
 		}
 	}
 	first := d.err
@@ -340,16 +361,15 @@ func (d *Device) Malloc(n int, t engine.DType) (engine.Buf, error) {
 	if n < 0 || t.Size() == 0 {
 		return engine.Buf{}, fmt.Errorf("%w: Malloc(%d, %v): invalid size or type", engine.ErrDevice, n, t)
 	}
-	if n == 0 {
-		return engine.Buf{T: t}, nil
-	}
 	if err := d.enter(); err != nil {
 		d.exit()
 		return engine.Buf{}, err
 	}
 	defer d.exit()
 	bytes := int64(n) * int64(t.Size())
-	p, err := cu.MemAlloc(bytes)
+	// cuMemAlloc refuses 0 bytes: an empty allocation gets one element, so that it is, as
+	// on the reference device, a distinct live allocation that Release frees.
+	p, err := cu.MemAlloc(max(bytes, int64(t.Size())))
 	if err != nil {
 		if errors.Is(err, cu.OutOfMemory) {
 			free, total, _ := cu.MemInfo()
@@ -358,18 +378,26 @@ func (d *Device) Malloc(n int, t engine.DType) (engine.Buf, error) {
 		}
 		return engine.Buf{}, fmt.Errorf("%w: cuMemAlloc of %d bytes: %w", engine.ErrDevice, bytes, err)
 	}
+	d.live[engine.Ptr(p)] = bytes
 	return engine.Buf{Ptr: engine.Ptr(p), N: n, T: t}, nil
 }
 
 // Release frees an allocation of Malloc once the queued work (which may still use it) is
 // done. It runs even while an error is latched, so memory is not leaked; a failure is
-// latched. Allocators cache, so the wait is rare.
+// latched, as is the release of an address that is not a live allocation of d (freed
+// already, or never allocated here), which is left alone. Allocators cache, so the wait is
+// rare.
 func (d *Device) Release(b engine.Buf) {
 	if b.Ptr == 0 {
 		return
 	}
 	err := d.enter()
 	defer d.exit()
+	if _, ok := d.live[b.Ptr]; !ok && err == nil {
+		d.need(false, "Release", "%#x is not a live allocation of this device", b.Ptr)
+		return
+	}
+	delete(d.live, b.Ptr)
 	if err == nil {
 		err = d.waitStreams()
 		// Freed even if the queue failed: the context may be lost, but the memory is not.

@@ -47,6 +47,13 @@ func (d *Device) loadKernels() error {
 			}
 		}
 	}
+	for _, op := range kernels.FromF32 {
+		for _, t := range kernels.Types {
+			if err := get(kernelKey{op, typeOfSuffix[t], engine.F32}, t, "f32"); err != nil {
+				return err
+			}
+		}
+	}
 	for _, op := range kernels.Binary {
 		for _, a := range kernels.Types {
 			for _, b := range kernels.Types {
@@ -73,15 +80,70 @@ func (d *Device) kernel(what, op string, a, b engine.DType) (cu.Function, bool) 
 	return f, ok
 }
 
-// bufs latches an error naming op unless every non-empty view has an allocation and a
-// type: a kernel given address 0 faults, and a fault loses the context for good.
+// bufs latches an error naming op unless every view lies inside a live allocation of d
+// (one Malloc made and Release has not freed): the zero Buf, a released or foreign address,
+// or a view past its allocation's end would make a kernel fault, and a fault loses the
+// context for good. It is a map lookup per buffer. Views may reinterpret an allocation's
+// bytes in another type (the Allocator reuses blocks so, and so do the convolution's
+// workspace views): only the byte range is checked. Optional arguments (frozen gradients)
+// are checked with valid(...) of them.
 func (d *Device) bufs(op string, bs ...engine.Buf) bool {
 	for i, b := range bs {
-		if b.N < 0 || b.Off < 0 || b.N > 0 && !b.Valid() {
+		size := int64(b.T.Size())
+		if size == 0 || b.Ptr == 0 || b.N < 0 || b.Off < 0 {
 			return d.need(false, op, "buffer argument %d is not a view of an allocation (%+v)", i+1, b)
+		}
+		bytes, ok := d.live[b.Ptr]
+		if !ok {
+			return d.need(false, op, "buffer argument %d: %#x is not a live allocation of this device (released, or never allocated here)", i+1, b.Ptr)
+		}
+		if (int64(b.Off)+int64(b.N))*size > bytes {
+			return d.need(false, op, "buffer argument %d: view [%d, %d) of %v lies outside its allocation of %d bytes", i+1, b.Off, b.Off+b.N, b.T, bytes)
 		}
 	}
 	return true
+}
+
+// reportBytes is the size of the kernels' failure report (kernels.cu, report_failure): four
+// 64-bit words, the code of the first failure (0: none), its item, value and bound.
+const reportBytes = 32
+
+// Codes of the failure report (kernels.cu's REPORT_*).
+const (
+	reportLabel     = 1
+	reportPoolIndex = 2
+)
+
+// readReport latches the failure a kernel reported (an argument in device memory out of
+// range: a SoftmaxXent label, a MaxPool2Grad index), if such a kernel was queued since the
+// last read, and clears the report; the compute stream must be synchronised. Sync and
+// Download call it, so they return the error; WaitDownloads, which waits for the copy stream
+// only, does not. The operations queued between the failing kernel and the wait still ran,
+// as after any failure the device only finds when it runs. The report's error replaces one
+// latched since: the kernel was queued while none was latched (or it would have been
+// skipped), so its failure is the first.
+func (d *Device) readReport() {
+	if !d.reportCheck {
+		return
+	}
+	d.reportCheck = false
+	var r [4]int64
+	if !d.check("reading the kernels' failure report: cuMemcpyDtoH", cu.MemcpyDtoH(unsafe.Pointer(&r[0]), d.report, reportBytes)) || r[0] == 0 {
+		return
+	}
+	var err error
+	switch r[0] {
+	case reportLabel:
+		err = fmt.Errorf("%w: SoftmaxXent: label %d of row %d outside [0, %d)", engine.ErrDevice, r[2], r[1], r[3])
+	case reportPoolIndex:
+		err = fmt.Errorf("%w: MaxPool2Grad: index %d (of gradient %d) outside dx's %d elements", engine.ErrDevice, r[2], r[1], r[3])
+	default:
+		err = fmt.Errorf("%w: a kernel reported failure %d (%d, %d, %d)", engine.ErrDevice, r[0], r[1], r[2], r[3])
+	}
+	if cerr := cu.MemsetD8Async(d.report, 0, reportBytes, d.stream); cerr != nil {
+		err = fmt.Errorf("%w (and clearing the report: cuMemsetD8Async: %w)", err, cerr)
+	}
+	d.err = err
 }
 
 // blocks is the grid of a grid-stride launch over n items, per items per block.
@@ -91,11 +153,14 @@ func (d *Device) blocks(n, per int) int {
 
 // launch queues f on the compute stream with a grid of gx blocks of bx × by threads. Every
 // argument is passed as an 8-byte word (cu's Launch copies 8 bytes per parameter; a 4-byte
-// parameter reads the low half, as the ABI is little-endian): use ptr, i64 and f32.
+// parameter reads the low half, as the ABI is little-endian): use ptr, i64 and f32. The
+// failure report (readReport) is appended as every kernel's last parameter: a kernel does
+// nothing while a failure is reported.
 func (d *Device) launch(what string, f cu.Function, gx, bx, by int, args ...uint64) {
 	if gx <= 0 {
 		return
 	}
+	args = append(args, uint64(d.report))
 	kp := make([]unsafe.Pointer, len(args))
 	for i := range args {
 		kp[i] = unsafe.Pointer(&args[i])

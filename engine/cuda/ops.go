@@ -56,19 +56,153 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 	d.fail(op, d.blas.status("cublasGemmEx", s))
 }
 
-// ConvWorkspace: the CUDA backend convolves the whole batch as one unfolding and GEMM.
+// ConvWorkspace: the CUDA backend convolves the whole batch as one unfolding and one GEMM
+// (convLayout), in an fp32 workspace: the GEMMs whose results are summed again or biased
+// (the forward product, the columns' gradient) write fp32, so every output is rounded once,
+// when it is stored, as the Device contract asks.
 func (d *Device) ConvWorkspace(s engine.ConvShape, t engine.DType) (int, engine.DType) {
-	return engine.UnfoldWorkspace(s), t
+	if !s.Valid() || !t.Float() {
+		return 0, engine.F32
+	}
+	return convLayout(s, t).elems, engine.F32
 }
 
-// Conv2D runs the unfolded convolution on the device's kernels and cuBLAS.
+// convViews are a convolution's views of its workspace, an fp32 buffer of elems elements
+// in two regions used one after the other, as the compute stream orders them:
+//
+//   - A, C·K·K × pix fp32 elements (pix = N·OH·OW): the unfolded input cols, in x's type
+//     (an unfolding copies elements, so it is exact in their own type, and half the bytes
+//     in fp16 and bf16), and in the backward pass, once the weight gradient has read cols,
+//     the columns' gradient dcols in fp32;
+//   - B, Out × pix fp32 elements: the forward product in channel-major order, ycm (fp32),
+//     or the backward pass's output gradient transposed to channel-major order, dycm (in
+//     its own type: a transpose is exact).
+//
+// That is (C·K·K + Out)·pix·4 bytes, against (2·C·K·K + Out)·pix elements of the working type
+// for engine.UnfoldConv2D's layout, which rounds the products to it.
+type convViews struct {
+	elems              int        // the workspace's fp32 elements
+	cols, dcols        engine.Buf // region A
+	ycm, dycm          engine.Buf // region B
+	pix, ckk, ohw, ckp int        // ckp: region A's fp32 elements, C·K·K·pix
+}
+
+// convLayout is the layout of a convolution of shape s in working type t over ws (only
+// elems when ws is not Valid).
+func convLayout(s engine.ConvShape, t engine.DType, ws ...engine.Buf) convViews {
+	ohw := s.OH() * s.OW()
+	pix := s.N * ohw
+	ckk := s.C * s.K * s.K
+	v := convViews{pix: pix, ckk: ckk, ohw: ohw, ckp: ckk * pix, elems: (ckk + s.Out) * pix}
+	if len(ws) == 0 || !ws[0].Valid() {
+		return v
+	}
+	w := ws[0]
+	// As views of w's allocation in other types: Off counts elements of the view's type.
+	view := func(fromF32, n int, vt engine.DType) engine.Buf {
+		return engine.Buf{Ptr: w.Ptr, Off: (w.Off + fromF32) * 4 / vt.Size(), N: n, T: vt}
+	}
+	v.cols = view(0, ckk*pix, t)
+	v.dcols = view(0, ckk*pix, engine.F32)
+	v.ycm = view(v.ckp, s.Out*pix, engine.F32)
+	v.dycm = view(v.ckp, s.Out*pix, t)
+	return v
+}
+
+// convArgs checks a convolution's shape, types and workspace; it returns the workspace's
+// views.
+func (d *Device) convArgs(op string, s engine.ConvShape, x, y, w, ws engine.Buf) (convViews, bool) {
+	var v convViews
+	if !d.need(s.Valid() && max(s.N, s.C, s.H, s.W, s.Out, s.K) <= math.MaxInt32, op, "invalid shape %v", s) {
+		return v, false
+	}
+	nx, ny, nw := s.Elems()
+	v = convLayout(s, x.T)
+	if !d.need(x.N == nx && y.N == ny && w.N == nw, op, "x, y (or dy), w have %d, %d, %d elements; %v needs %d, %d, %d",
+		x.N, y.N, w.N, s, nx, ny, nw) ||
+		!d.need(x.T.Float() && y.T == x.T && w.T == x.T, op, "x, y (or dy), w are %v, %v, %v: one floating-point type", x.T, y.T, w.T) ||
+		!d.need(ws.T == engine.F32 && ws.N >= v.elems, op, "workspace is %d×%v; %v needs %d×f32 (ConvWorkspace)", ws.N, ws.T, s, v.elems) {
+		return v, false
+	}
+	return convLayout(s, x.T, ws), true
+}
+
+// Conv2D: the batch unfolded into cols (im2col, in x's type), one GEMM into ycm in fp32
+// (cublasGemmEx with an fp32 C), then conv_out adds the bias, rounds once to y's type and
+// puts the result in NCHW order.
 func (d *Device) Conv2D(y, x, w, bias, ws engine.Buf, s engine.ConvShape) {
-	engine.UnfoldConv2D(d, y, x, w, bias, ws, s)
+	const op = "Conv2D"
+	v, ok := d.conv2DArgs(op, y, x, w, bias, ws, s)
+	if !ok {
+		return
+	}
+	d.Im2Col(v.cols, x, s.N, s.C, s.H, s.W, s.K, s.Pad)
+	d.Gemm(false, false, s.Out, v.pix, v.ckk, 1, w, v.cols, 0, v.ycm)
+	d.fromF32(op, "conv_out", y, ptr(y), ptr(v.ycm), ptr(bias), i64(s.N), i64(s.Out), i64(v.ohw))
 }
 
-// Conv2DBackward runs the unfolded convolution's backward pass.
+// fromF32 launches kernel name_T_f32 over dst's elements: the step that rounds a
+// convolution's fp32 GEMM result into dst's type once, queued after the GEMM.
+func (d *Device) fromF32(op, name string, dst engine.Buf, args ...uint64) {
+	ok := d.begin()
+	defer d.exit()
+	if !ok {
+		return
+	}
+	if f, ok := d.kernel(op, name, dst.T, engine.F32); ok {
+		d.launch(op, f, d.blocks(dst.N, threads), threads, 1, args...)
+	}
+}
+
+// conv2DArgs checks Conv2D's arguments before anything is queued.
+func (d *Device) conv2DArgs(op string, y, x, w, bias, ws engine.Buf, s engine.ConvShape) (convViews, bool) {
+	ok := d.begin()
+	defer d.exit()
+	if !ok || !d.bufs(op, y, x, w, bias, ws) {
+		return convViews{}, false
+	}
+	v, ok := d.convArgs(op, s, x, y, w, ws)
+	return v, ok && d.need(bias.N == s.Out && bias.T == x.T, op, "bias is %d×%v, want %d×%v", bias.N, bias.T, s.Out, x.T)
+}
+
+// Conv2DBackward: dy transposed to channel-major dycm (exact), then the weight gradient as
+// one GEMM of dycm and the unfolded input (recomputed into cols), stored into dw with beta;
+// the bias gradient as dycm's row sums; and the input gradient as one GEMM into dcols in fp32
+// (over cols, which the weight gradient has read), folded back by col2im_T_f32, which sums
+// in fp32 and rounds once into dx.
 func (d *Device) Conv2DBackward(dx, dw, db, dy, x, w, ws engine.Buf, s engine.ConvShape, beta float32) {
-	engine.UnfoldConv2DBackward(d, dx, dw, db, dy, x, w, ws, s, beta)
+	const op = "Conv2DBackward"
+	v, ok := d.conv2DBackwardArgs(op, dx, dw, db, dy, x, w, ws, s)
+	if !ok {
+		return
+	}
+	d.Transpose01(v.dycm, dy, s.N, s.Out, v.ohw)
+	if dw.Valid() {
+		d.Im2Col(v.cols, x, s.N, s.C, s.H, s.W, s.K, s.Pad)
+		d.Gemm(false, true, s.Out, v.ckk, v.pix, 1, v.dycm, v.cols, beta, dw)
+	}
+	if db.Valid() {
+		d.SumRows(db, v.dycm, s.Out, v.pix, true, beta)
+	}
+	if !dx.Valid() {
+		return
+	}
+	d.Gemm(true, false, v.ckk, v.pix, s.Out, 1, w, v.dycm, 0, v.dcols)
+	d.fromF32(op, "col2im", dx, ptr(dx), ptr(v.dcols), i64(s.N), i64(s.C), i64(s.H), i64(s.W), i64(s.K), i64(s.Pad))
+}
+
+// conv2DBackwardArgs checks Conv2DBackward's arguments before anything is queued.
+func (d *Device) conv2DBackwardArgs(op string, dx, dw, db, dy, x, w, ws engine.Buf, s engine.ConvShape) (convViews, bool) {
+	ok := d.begin()
+	defer d.exit()
+	if !ok || !d.bufs(op, dy, x, w, ws) || !d.bufs(op, valid(dx, dw, db)...) {
+		return convViews{}, false
+	}
+	v, ok := d.convArgs(op, s, x, dy, w, ws)
+	return v, ok &&
+		d.need(!dx.Valid() || dx.N == x.N && dx.T == x.T, op, "dx is %d×%v, x %d×%v", dx.N, dx.T, x.N, x.T) &&
+		d.need(!dw.Valid() || dw.N == w.N && (dw.T == x.T || dw.T == engine.F32), op, "dw is %d×%v, w %d×%v", dw.N, dw.T, w.N, x.T) &&
+		d.need(!db.Valid() || db.N == s.Out && db.T.Float(), op, "db is %d×%v, want %d floating-point elements", db.N, db.T, s.Out)
 }
 
 // AddBias adds bias to every row of y (perRow false) or bias[r] to row r (perRow true).
@@ -223,7 +357,8 @@ func (d *Device) MaxPool2(y, idx, x engine.Buf, planes, h, w int) {
 	}
 }
 
-// MaxPool2Grad zeroes dx (a memset) and scatters dy to idx; indices outside dx are skipped.
+// MaxPool2Grad zeroes dx (a memset) and scatters dy to idx; an index outside dx (in device
+// memory) is skipped and reported (readReport): the next Sync or Download returns the error.
 func (d *Device) MaxPool2Grad(dx, dy, idx engine.Buf) {
 	const op = "MaxPool2Grad"
 	ok := d.begin()
@@ -238,11 +373,13 @@ func (d *Device) MaxPool2Grad(dx, dy, idx engine.Buf) {
 	}
 	if f, ok := d.kernel(op, "maxpool2_scatter", dx.T, 0); ok {
 		d.launch(op, f, d.blocks(dy.N, threads), threads, 1, ptr(dx), ptr(dy), ptr(idx), i64(dy.N), i64(dx.N))
+		d.reportCheck = true
 	}
 }
 
-// SoftmaxXent runs one warp per row. A label outside [0, classes) gives a NaN loss and a
-// gradient without the one-hot term.
+// SoftmaxXent runs one warp per row. The labels are on the device, so one outside [0,
+// classes) is found by the kernel: it gives a NaN loss and a gradient without the one-hot
+// term, and is reported (readReport): the next Sync or Download returns the error.
 func (d *Device) SoftmaxXent(dlogits, loss, logits, labels engine.Buf, rows, classes int, scale float32) {
 	const op = "SoftmaxXent"
 	ok := d.begin()
@@ -260,6 +397,7 @@ func (d *Device) SoftmaxXent(dlogits, loss, logits, labels engine.Buf, rows, cla
 	if f, ok := d.kernel(op, "softmax_xent", logits.T, 0); ok {
 		d.launch(op, f, d.blocks(rows, threads/32), threads, 1, ptr(dlogits), ptr(loss), ptr(logits), ptr(labels),
 			i64(rows), i64(classes), f32(scale))
+		d.reportCheck = true
 	}
 }
 

@@ -196,7 +196,7 @@ func (d *Device) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma e
 	const op = "LayerNormBackward"
 	ok := d.begin()
 	defer d.exit()
-	if !ok || !d.bufs(op, dx, dgamma, dbeta, dy, x, mean, rstd, gamma) ||
+	if !ok || !d.bufs(op, dy, x, mean, rstd, gamma) || !d.bufs(op, valid(dx, dgamma, dbeta)...) ||
 		!d.need(rows >= 0 && cols >= 1 && x.N == rows*cols && dy.N == x.N, op,
 			"x and dy have %d and %d elements, not rows×cols = %d×%d", x.N, dy.N, rows, cols) ||
 		!d.need(!dx.Valid() || dx.N == x.N, op, "dx has %d elements, x %d", dx.N, x.N) ||
@@ -398,7 +398,7 @@ func (d *Device) BatchNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma e
 	const op = "BatchNormBackward"
 	ok := d.begin()
 	defer d.exit()
-	if !ok || !d.bufs(op, dx, dgamma, dbeta, dy, x, mean, rstd, gamma) || !d.batchNormArgs(op, x, dy, mean, rstd, gamma, n, c, hw) ||
+	if !ok || !d.bufs(op, dy, x, mean, rstd, gamma) || !d.bufs(op, valid(dx, dgamma, dbeta)...) || !d.batchNormArgs(op, x, dy, mean, rstd, gamma, n, c, hw) ||
 		!d.need(!dx.Valid() || dx.N == x.N, op, "dx has %d elements, x %d", dx.N, x.N) ||
 		!d.need(!dgamma.Valid() || dgamma.N == c, op, "dgamma has %d elements, want %d", dgamma.N, c) ||
 		!d.need(!dbeta.Valid() || dbeta.N == c, op, "dbeta has %d elements, want %d", dbeta.N, c) ||

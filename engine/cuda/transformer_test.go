@@ -20,42 +20,17 @@ import (
 	"github.com/qvd/qvd/model"
 )
 
-// TestConformance runs engine/enginetest's checks of the transformer layers' operations, each
-// against its float64 definition, on the CUDA device: a Device opened per test on GPU 0
-// (sharing its primary context with the package's dev) and closed by the suite. The rest of
-// enginetest.TestDevice is not run here: the CUDA device departs from it in ways of its own
-// (half-precision convolutions round their unfolding, SoftmaxXent does not latch a label out
-// of range, and a use of released memory loses the context for good, as on a GPU).
+// TestConformance runs engine/enginetest's whole conformance suite (enginetest.TestDevice)
+// on the CUDA device: a Device opened per test on GPU 0 (sharing its primary context with
+// the package's dev) and closed by the suite.
 func TestConformance(t *testing.T) {
-	open := func() engine.Device {
+	enginetest.TestDevice(t, func() engine.Device {
 		d, err := Open(0)
 		if err != nil {
 			panic(fmt.Sprintf("opening a CUDA device for the conformance suite: %v", err))
 		}
 		return d
-	}
-	for _, tc := range []struct {
-		name string
-		f    func(*testing.T, enginetest.NewDevice)
-	}{
-		{"GemmBatched", enginetest.TestGemmBatched},
-		{"GemmBatchedEmpty", enginetest.TestGemmBatchedEmpty},
-		{"Axpby", enginetest.TestAxpby},
-		{"CopyRows", enginetest.TestCopyRows},
-		{"LayerNorm", enginetest.TestLayerNorm},
-		{"LayerNormBackward", enginetest.TestLayerNormBackward},
-		{"GELU", enginetest.TestGELU},
-		{"GELUGrad", enginetest.TestGELUGrad},
-		{"Dropout", enginetest.TestDropout},
-		{"Softmax", enginetest.TestSoftmax},
-		{"SoftmaxGrad", enginetest.TestSoftmaxGrad},
-		{"Patchify", enginetest.TestPatchify},
-		{"BatchNorm", enginetest.TestBatchNorm},
-		{"BatchNormBackward", enginetest.TestBatchNormBackward},
-		{"TransformerErrors", enginetest.TestTransformerErrors},
-	} {
-		t.Run(tc.name, func(t *testing.T) { tc.f(t, open) })
-	}
+	})
 }
 
 // near checks b on both devices within ulps of its type plus rel times the reference's

@@ -43,6 +43,25 @@ template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float 
 #define EACH_PAIR(X) \
     EACH_PAIR_WITH(X, f32, float) EACH_PAIR_WITH(X, f16, __half) EACH_PAIR_WITH(X, bf16, __nv_bfloat16)
 
+// ---- Failure reports ----
+
+// A kernel that finds an argument out of range in device memory (a label, a max-pool index)
+// skips it and reports it, so that engine/cuda latches the error when it next waits for the
+// stream: the first report claims report[0] with its code (REPORT_*), then stores the item
+// (row or element), the value and its bound in report[1..3]. engine/cuda clears the words once
+// it has read them (launch.go, readReport).
+#define REPORT_LABEL 1ull      // SoftmaxXent: a label outside [0, classes)
+#define REPORT_POOL_INDEX 2ull // MaxPool2Grad: an index outside dx
+
+__device__ __forceinline__ void report_failure(unsigned long long *report, unsigned long long code, i64 item, i64 value,
+                                               i64 bound) {
+    if (atomicCAS(&report[0], 0ull, code) == 0ull) {
+        report[1] = (unsigned long long)item;
+        report[2] = (unsigned long long)value;
+        report[3] = (unsigned long long)bound;
+    }
+}
+
 // ---- Fill, Copy ----
 
 template <typename T> __device__ __forceinline__ void fill(T *y, i64 n, float v) {
@@ -168,9 +187,11 @@ __device__ __forceinline__ void im2col(T *cols, const T *x, i64 n, i64 c, i64 h,
 }
 
 // The adjoint as a gather: each dx element sums, in (ky, kx) order, the column entries that
-// read it, so no two threads write one element and no atomics are needed.
-template <typename T>
-__device__ __forceinline__ void col2im(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad) {
+// read it, so no two threads write one element and no atomics are needed. The columns are
+// dx's type (Col2Im) or float (the convolution's backward pass: col2im_T_f32 reads the
+// GEMM's fp32 result, so dx is rounded once).
+template <typename T, typename C>
+__device__ __forceinline__ void col2im(T *dx, const C *cols, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad) {
     i64 oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
     i64 ncol = n * oh * ow;
     GRID_STRIDE(e, n * c * h * w) {
@@ -187,6 +208,16 @@ __device__ __forceinline__ void col2im(T *dx, const T *cols, i64 n, i64 c, i64 h
             }
         }
         dx[e] = fromf<T>(sum);
+    }
+}
+
+// The convolution's output from its fp32 GEMM result: y (n × out × ohw, NCHW) = ycm (out ×
+// n × ohw, channel-major) + bias, rounded once to y's type.
+template <typename T>
+__device__ __forceinline__ void conv_out(T *y, const float *ycm, const T *bias, i64 n, i64 out, i64 ohw) {
+    GRID_STRIDE(e, n * out * ohw) {
+        i64 p = e % ohw, o = (e / ohw) % out, s = e / (ohw * out);
+        y[e] = fromf<T>(ycm[(o * n + s) * ohw + p] + tof(bias[o]));
     }
 }
 
@@ -216,11 +247,16 @@ __device__ __forceinline__ void maxpool2(T *y, int *idx, const T *x, i64 planes,
 }
 
 // dx[idx[i]] = dy[i] after dx was zeroed (gpu/cuda does that with a memset first). Indices
-// outside dx are skipped rather than written: MaxPool2's never are.
-template <typename T> __device__ __forceinline__ void maxpool2_scatter(T *dx, const T *dy, const int *idx, i64 n, i64 ndx) {
+// outside dx (MaxPool2's never are) are skipped rather than written, and reported.
+template <typename T>
+__device__ __forceinline__ void maxpool2_scatter(T *dx, const T *dy, const int *idx, i64 n, i64 ndx,
+                                                 unsigned long long *report) {
     GRID_STRIDE(i, n) {
         i64 j = idx[i];
-        if (j >= 0 && j < ndx) dx[j] = dy[i];
+        if (j >= 0 && j < ndx)
+            dx[j] = dy[i];
+        else
+            report_failure(report, REPORT_POOL_INDEX, i, j, ndx);
     }
 }
 
@@ -228,11 +264,11 @@ template <typename T> __device__ __forceinline__ void maxpool2_scatter(T *dx, co
 
 // One warp per row. loss[r] = log Σ exp(x - max) - (x[label] - max); dlogits = (softmax -
 // onehot)·scale. A label outside [0, classes) gives a NaN loss and no one-hot term, so it
-// shows instead of reading out of bounds. x[label] is read before any lane stores, as dlogits
-// may alias logits.
+// never reads out of bounds, and is reported (report_failure). x[label] is read before any
+// lane stores, as dlogits may alias logits.
 template <typename T>
 __device__ __forceinline__ void softmax_xent(T *dlogits, float *loss, const T *logits, const int *labels, i64 rows,
-                                             i64 classes, float scale) {
+                                             i64 classes, float scale, unsigned long long *report) {
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (THREADS / 32);
     for (i64 r = (i64)blockIdx.x * (THREADS / 32) + (threadIdx.x >> 5); r < rows; r += warps) {
@@ -248,7 +284,10 @@ __device__ __forceinline__ void softmax_xent(T *dlogits, float *loss, const T *l
         const bool ok = label >= 0 && label < classes;
         const float xl = ok ? tof(x[label]) : NAN;
         __syncwarp();
-        if (lane == 0) loss[r] = logf(sum) - (xl - mx);
+        if (lane == 0) {
+            loss[r] = logf(sum) - (xl - mx);
+            if (!ok) report_failure(report, REPORT_LABEL, r, label, classes);
+        }
         const float inv = 1.0f / sum;
         for (i64 c = lane; c < classes; c += 32) {
             float p = expf(tof(x[c]) - mx) * inv;
@@ -670,99 +709,169 @@ __device__ __forceinline__ void batch_norm_grad(T *dx, T *dgamma, T *dbeta, cons
 
 #define KERNEL extern "C" __global__ void __launch_bounds__(THREADS)
 
-#define ONE_TYPE(s, T)                                                                                      \
-    KERNEL fill_##s(T *y, i64 n, float v) { fill<T>(y, n, v); }                                             \
-    KERNEL add_bias_##s(T *y, const T *bias, i64 rows, i64 cols, i64 perRow) {                              \
-        add_bias<T>(y, bias, rows, cols, perRow);                                                           \
-    }                                                                                                       \
-    KERNEL relu_##s(T *y, const T *x, i64 n) { relu<T>(y, x, n); }                                          \
-    KERNEL relu_grad_##s(T *dx, const T *dy, const T *y, i64 n) { relu_grad<T>(dx, dy, y, n); }             \
-    KERNEL transpose01_##s(T *dst, const T *src, i64 a, i64 b, i64 r) { transpose01<T>(dst, src, a, b, r); } \
-    KERNEL im2col_##s(T *cols, const T *x, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad) {                    \
-        im2col<T>(cols, x, n, c, h, w, k, pad);                                                             \
-    }                                                                                                       \
-    KERNEL col2im_##s(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad) {                   \
-        col2im<T>(dx, cols, n, c, h, w, k, pad);                                                            \
-    }                                                                                                       \
-    KERNEL maxpool2_##s(T *y, int *idx, const T *x, i64 planes, i64 h, i64 w) {                             \
-        maxpool2<T>(y, idx, x, planes, h, w);                                                               \
-    }                                                                                                       \
-    KERNEL maxpool2_scatter_##s(T *dx, const T *dy, const int *idx, i64 n, i64 ndx) {                       \
-        maxpool2_scatter<T>(dx, dy, idx, n, ndx);                                                           \
-    }                                                                                                       \
-    KERNEL softmax_xent_##s(T *dlogits, float *loss, const T *logits, const int *labels, i64 rows,          \
-                            i64 classes, float scale) {                                                     \
-        softmax_xent<T>(dlogits, loss, logits, labels, rows, classes, scale);                               \
-    }                                                                                                       \
-    KERNEL unscale_check_##s(T *g, float *found, i64 n, float sc) { unscale_check<T>(g, found, n, sc); }    \
-    KERNEL sum_squares_##s(float *acc, const T *g, i64 n) { sum_squares<T>(acc, g, n); }
+// Every entry point takes the failure report (report_failure) as its last parameter and does
+// nothing once a failure is reported, so that, as the Device contract asks, the kernels queued
+// after a failure that only the device could find are skipped until engine/cuda has read and
+// cleared the report (at Sync or Download). Within a kernel that reports, the word may change
+// while it runs: those kernels (maxpool2_scatter, softmax_xent) have no block-wide barrier,
+// and softmax_xent reports only after its warp's shuffles, so no barrier waits on a thread
+// that returned.
+#define SKIP_AFTER_FAILURE(report) \
+    if (*(volatile const unsigned long long *)(report) != 0ull) return
 
-#define TWO_TYPES(s1, T1, s2, T2)                                                                         \
-    KERNEL convert_##s1##_##s2(T1 *dst, const T2 *src, i64 n) { convert<T1, T2>(dst, src, n); }           \
-    KERNEL sum_cols_##s1##_##s2(T1 *dst, const T2 *src, i64 rows, i64 cols, float beta) {                 \
-        sum_cols<T1, T2>(dst, src, rows, cols, beta);                                                     \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(TILE * TILE)                                             \
-        sum_rows_##s1##_##s2(T1 *dst, const T2 *src, i64 rows, i64 cols, float beta) {                    \
-        sum_rows<T1, T2>(dst, src, rows, cols, beta);                                                     \
-    }                                                                                                     \
-    KERNEL adamw_##s1##_##s2(float *p, float *m, float *v, const T1 *g, T2 *w, i64 n, float b1, float c1, \
-                             float b2, float c2, float eps, float scale, float negStep, float bc2Sqrt,    \
-                             float decay) {                                                               \
-        adamw<T1, T2>(p, m, v, g, w, n, b1, c1, b2, c2, eps, scale, negStep, bc2Sqrt, decay);             \
+#define ONE_TYPE(s, T)                                                                                                               \
+    KERNEL fill_##s(T *y, i64 n, float v, unsigned long long *report) {                                                              \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        fill<T>(y, n, v);                                                                                                            \
+    }                                                                                                                                \
+    KERNEL add_bias_##s(T *y, const T *bias, i64 rows, i64 cols, i64 perRow, unsigned long long *report) {                           \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        add_bias<T>(y, bias, rows, cols, perRow);                                                                                    \
+    }                                                                                                                                \
+    KERNEL relu_##s(T *y, const T *x, i64 n, unsigned long long *report) {                                                           \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        relu<T>(y, x, n);                                                                                                            \
+    }                                                                                                                                \
+    KERNEL relu_grad_##s(T *dx, const T *dy, const T *y, i64 n, unsigned long long *report) {                                        \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        relu_grad<T>(dx, dy, y, n);                                                                                                  \
+    }                                                                                                                                \
+    KERNEL transpose01_##s(T *dst, const T *src, i64 a, i64 b, i64 r, unsigned long long *report) {                                  \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        transpose01<T>(dst, src, a, b, r);                                                                                           \
+    }                                                                                                                                \
+    KERNEL im2col_##s(T *cols, const T *x, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad, unsigned long long *report) {                 \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        im2col<T>(cols, x, n, c, h, w, k, pad);                                                                                      \
+    }                                                                                                                                \
+    KERNEL col2im_##s(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad, unsigned long long *report) {                \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        col2im<T, T>(dx, cols, n, c, h, w, k, pad);                                                                                  \
+    }                                                                                                                                \
+    KERNEL col2im_##s##_f32(T *dx, const float *cols, i64 n, i64 c, i64 h, i64 w, i64 k, i64 pad, unsigned long long *report) {      \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        col2im<T, float>(dx, cols, n, c, h, w, k, pad);                                                                              \
+    }                                                                                                                                \
+    KERNEL conv_out_##s##_f32(T *y, const float *ycm, const T *bias, i64 n, i64 out, i64 ohw, unsigned long long *report) {          \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        conv_out<T>(y, ycm, bias, n, out, ohw);                                                                                      \
+    }                                                                                                                                \
+    KERNEL maxpool2_##s(T *y, int *idx, const T *x, i64 planes, i64 h, i64 w, unsigned long long *report) {                          \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        maxpool2<T>(y, idx, x, planes, h, w);                                                                                        \
+    }                                                                                                                                \
+    KERNEL maxpool2_scatter_##s(T *dx, const T *dy, const int *idx, i64 n, i64 ndx,                                                  \
+                                unsigned long long *report) {                                                                        \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        maxpool2_scatter<T>(dx, dy, idx, n, ndx, report);                                                                            \
+    }                                                                                                                                \
+    KERNEL softmax_xent_##s(T *dlogits, float *loss, const T *logits, const int *labels, i64 rows,                                   \
+                            i64 classes, float scale, unsigned long long *report) {                                                  \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        softmax_xent<T>(dlogits, loss, logits, labels, rows, classes, scale, report);                                                \
+    }                                                                                                                                \
+    KERNEL unscale_check_##s(T *g, float *found, i64 n, float sc, unsigned long long *report) {                                      \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        unscale_check<T>(g, found, n, sc);                                                                                           \
+    }                                                                                                                                \
+    KERNEL sum_squares_##s(float *acc, const T *g, i64 n, unsigned long long *report) {                                              \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        sum_squares<T>(acc, g, n);                                                                                                   \
+    }
+
+#define TWO_TYPES(s1, T1, s2, T2)                                                                                                    \
+    KERNEL convert_##s1##_##s2(T1 *dst, const T2 *src, i64 n, unsigned long long *report) {                                          \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        convert<T1, T2>(dst, src, n);                                                                                                \
+    }                                                                                                                                \
+    KERNEL sum_cols_##s1##_##s2(T1 *dst, const T2 *src, i64 rows, i64 cols, float beta, unsigned long long *report) {                \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        sum_cols<T1, T2>(dst, src, rows, cols, beta);                                                                                \
+    }                                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(TILE * TILE)                                                                        \
+        sum_rows_##s1##_##s2(T1 *dst, const T2 *src, i64 rows, i64 cols, float beta, unsigned long long *report) {                   \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        sum_rows<T1, T2>(dst, src, rows, cols, beta);                                                                                \
+    }                                                                                                                                \
+    KERNEL adamw_##s1##_##s2(float *p, float *m, float *v, const T1 *g, T2 *w, i64 n, float b1, float c1,                            \
+                             float b2, float c2, float eps, float scale, float negStep, float bc2Sqrt,                               \
+                             float decay, unsigned long long *report) {                                                              \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        adamw<T1, T2>(p, m, v, g, w, n, b1, c1, b2, c2, eps, scale, negStep, bc2Sqrt, decay);                                        \
     }
 
 EACH_TYPE(ONE_TYPE)
 EACH_PAIR(TWO_TYPES)
 
 // The transformer layers' operations (GemmBatched is cuBLAS's).
-#define ONE_TYPE_NN(s, T)                                                                                    \
-    KERNEL axpby_##s(T *y, const T *x, i64 n, float a, float b) { axpby<T>(y, x, n, a, b); }                  \
-    KERNEL layer_norm_##s(T *y, float *mean, float *rstd, const T *x, const T *gamma, const T *beta, i64 rows, \
-                          i64 cols, float eps, i64 warp) {                                                   \
-        layer_norm<T>(y, mean, rstd, x, gamma, beta, rows, cols, eps, warp);                                 \
-    }                                                                                                        \
-    KERNEL layer_norm_grad_##s(T *dx, const T *dy, const T *x, const float *mean, const float *rstd,          \
-                               const T *gamma, i64 rows, i64 cols, i64 warp) {                               \
-        layer_norm_grad<T>(dx, dy, x, mean, rstd, gamma, rows, cols, warp);                                  \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TILE * TILE)                                                \
-        layer_norm_params_##s(T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,               \
-                              const float *rstd, i64 rows, i64 cols, float b) {                              \
-        layer_norm_params<T>(dgamma, dbeta, dy, x, mean, rstd, rows, cols, b);                               \
-    }                                                                                                        \
-    KERNEL gelu_##s(T *y, const T *x, i64 n) { gelu<T>(y, x, n); }                                           \
-    KERNEL gelu_grad_##s(T *dx, const T *dy, const T *x, i64 n) { gelu_grad<T>(dx, dy, x, n); }              \
-    KERNEL dropout_##s(T *y, const T *x, i64 n, float p, unsigned long long seed) {                          \
-        dropout<T>(y, x, n, p, seed);                                                                        \
-    }                                                                                                        \
-    KERNEL softmax_##s(T *y, const T *x, i64 rows, i64 cols, float scale, i64 warp) {                        \
-        softmax<T>(y, x, rows, cols, scale, warp);                                                           \
-    }                                                                                                        \
-    KERNEL softmax_grad_##s(T *dx, const T *dy, const T *y, i64 rows, i64 cols, float scale, i64 warp) {     \
-        softmax_grad<T>(dx, dy, y, rows, cols, scale, warp);                                                 \
-    }                                                                                                        \
-    KERNEL patchify_##s(T *cols, const T *x, i64 n, i64 c, i64 h, i64 w, i64 p) {                            \
-        patchify<T>(cols, x, n, c, h, w, p);                                                                 \
-    }                                                                                                        \
-    KERNEL unpatchify_##s(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 p) {                         \
-        unpatchify<T>(dx, cols, n, c, h, w, p);                                                              \
-    }                                                                                                        \
-    KERNEL batch_norm_stats_##s(float *mean, float *rstd, const T *x, i64 n, i64 c, i64 hw, float eps) {     \
-        batch_norm_stats<T>(mean, rstd, x, n, c, hw, eps);                                                   \
-    }                                                                                                        \
-    KERNEL batch_norm_apply_##s(T *y, const T *x, const float *mean, const float *rstd, const T *gamma,      \
-                                const T *beta, i64 n, i64 c, i64 hw) {                                       \
-        batch_norm_apply<T>(y, x, mean, rstd, gamma, beta, n, c, hw);                                        \
-    }                                                                                                        \
-    KERNEL batch_norm_grad_##s(T *dx, T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,       \
-                               const float *rstd, const T *gamma, i64 n, i64 c, i64 hw, float b) {           \
-        batch_norm_grad<T>(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, hw, b);                        \
+#define ONE_TYPE_NN(s, T)                                                                                                            \
+    KERNEL axpby_##s(T *y, const T *x, i64 n, float a, float b, unsigned long long *report) {                                        \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        axpby<T>(y, x, n, a, b);                                                                                                     \
+    }                                                                                                                                \
+    KERNEL layer_norm_##s(T *y, float *mean, float *rstd, const T *x, const T *gamma, const T *beta, i64 rows,                       \
+                          i64 cols, float eps, i64 warp, unsigned long long *report) {                                               \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        layer_norm<T>(y, mean, rstd, x, gamma, beta, rows, cols, eps, warp);                                                         \
+    }                                                                                                                                \
+    KERNEL layer_norm_grad_##s(T *dx, const T *dy, const T *x, const float *mean, const float *rstd,                                 \
+                               const T *gamma, i64 rows, i64 cols, i64 warp, unsigned long long *report) {                           \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        layer_norm_grad<T>(dx, dy, x, mean, rstd, gamma, rows, cols, warp);                                                          \
+    }                                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(TILE * TILE)                                                                        \
+        layer_norm_params_##s(T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,                                       \
+                              const float *rstd, i64 rows, i64 cols, float b, unsigned long long *report) {                          \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        layer_norm_params<T>(dgamma, dbeta, dy, x, mean, rstd, rows, cols, b);                                                       \
+    }                                                                                                                                \
+    KERNEL gelu_##s(T *y, const T *x, i64 n, unsigned long long *report) {                                                           \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        gelu<T>(y, x, n);                                                                                                            \
+    }                                                                                                                                \
+    KERNEL gelu_grad_##s(T *dx, const T *dy, const T *x, i64 n, unsigned long long *report) {                                        \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        gelu_grad<T>(dx, dy, x, n);                                                                                                  \
+    }                                                                                                                                \
+    KERNEL dropout_##s(T *y, const T *x, i64 n, float p, unsigned long long seed, unsigned long long *report) {                      \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        dropout<T>(y, x, n, p, seed);                                                                                                \
+    }                                                                                                                                \
+    KERNEL softmax_##s(T *y, const T *x, i64 rows, i64 cols, float scale, i64 warp, unsigned long long *report) {                    \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        softmax<T>(y, x, rows, cols, scale, warp);                                                                                   \
+    }                                                                                                                                \
+    KERNEL softmax_grad_##s(T *dx, const T *dy, const T *y, i64 rows, i64 cols, float scale, i64 warp, unsigned long long *report) { \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        softmax_grad<T>(dx, dy, y, rows, cols, scale, warp);                                                                         \
+    }                                                                                                                                \
+    KERNEL patchify_##s(T *cols, const T *x, i64 n, i64 c, i64 h, i64 w, i64 p, unsigned long long *report) {                        \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        patchify<T>(cols, x, n, c, h, w, p);                                                                                         \
+    }                                                                                                                                \
+    KERNEL unpatchify_##s(T *dx, const T *cols, i64 n, i64 c, i64 h, i64 w, i64 p, unsigned long long *report) {                     \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        unpatchify<T>(dx, cols, n, c, h, w, p);                                                                                      \
+    }                                                                                                                                \
+    KERNEL batch_norm_stats_##s(float *mean, float *rstd, const T *x, i64 n, i64 c, i64 hw, float eps, unsigned long long *report) { \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        batch_norm_stats<T>(mean, rstd, x, n, c, hw, eps);                                                                           \
+    }                                                                                                                                \
+    KERNEL batch_norm_apply_##s(T *y, const T *x, const float *mean, const float *rstd, const T *gamma,                              \
+                                const T *beta, i64 n, i64 c, i64 hw, unsigned long long *report) {                                   \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        batch_norm_apply<T>(y, x, mean, rstd, gamma, beta, n, c, hw);                                                                \
+    }                                                                                                                                \
+    KERNEL batch_norm_grad_##s(T *dx, T *dgamma, T *dbeta, const T *dy, const T *x, const float *mean,                               \
+                               const float *rstd, const T *gamma, i64 n, i64 c, i64 hw, float b, unsigned long long *report) {       \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        batch_norm_grad<T>(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, hw, b);                                                \
     }
 
-#define TWO_TYPES_NN(s1, T1, s2, T2)                                                                       \
-    KERNEL copy_rows_##s1##_##s2(T1 *dst, i64 ldDst, const T2 *src, i64 ldSrc, i64 rows, i64 cols) {         \
-        copy_rows<T1, T2>(dst, ldDst, src, ldSrc, rows, cols);                                             \
+#define TWO_TYPES_NN(s1, T1, s2, T2)                                                                                                 \
+    KERNEL copy_rows_##s1##_##s2(T1 *dst, i64 ldDst, const T2 *src, i64 ldSrc, i64 rows, i64 cols, unsigned long long *report) {     \
+        SKIP_AFTER_FAILURE(report);                                                                                                  \
+        copy_rows<T1, T2>(dst, ldDst, src, ldSrc, rows, cols);                                                                       \
     }
 
 EACH_TYPE(ONE_TYPE_NN)

@@ -54,6 +54,12 @@ var Unary = []string{
 // sum_cols' destination and source, and adamw's gradient and working-precision weights.
 var Binary = []string{"convert", "sum_rows", "sum_cols", "adamw", "copy_rows"}
 
+// FromF32 are the operations instantiated once per type T for a float (fp32) second operand:
+// entry point op_T_f32. They finish a convolution from its GEMM's fp32 result, rounding once
+// to T: col2im (dx from fp32 columns) and conv_out (y from the channel-major fp32 product and
+// the bias).
+var FromF32 = []string{"col2im", "conv_out"}
+
 // Name is the entry point of op for the given type suffixes.
 func Name(op string, types ...string) string {
 	return op + "_" + strings.Join(types, "_")
@@ -72,6 +78,11 @@ func Names() []string {
 			for _, b := range Types {
 				out = append(out, Name(op, a, b))
 			}
+		}
+	}
+	for _, op := range FromF32 {
+		for _, t := range Types {
+			out = append(out, Name(op, t, "f32"))
 		}
 	}
 	return out
