@@ -64,6 +64,7 @@ type Device struct {
 type region struct {
 	b     []byte
 	block *arena.Block // nil for a view
+	views int          // a view's open View calls: two nets may view the same parameters
 }
 
 var _ engine.Device = (*Device)(nil)
@@ -149,19 +150,28 @@ func (d *Device) View(x []float32) engine.Buf {
 			// A view of one of our own blocks (the allocator's memory seen as a slice).
 			return engine.Buf{Ptr: p, N: len(x), T: engine.F32}
 		}
-		if len(r.b) >= len(b) {
-			return engine.Buf{Ptr: p, N: len(x), T: engine.F32}
+		if len(r.b) < len(b) {
+			r.b = b
 		}
+		r.views++
+		d.mem[p] = r
+		return engine.Buf{Ptr: p, N: len(x), T: engine.F32}
 	}
-	d.mem[p] = region{b: b}
+	d.mem[p] = region{b: b, views: 1}
 	return engine.Buf{Ptr: p, N: len(x), T: engine.F32}
 }
 
-// Unview ends a view made by View (nothing for other buffers).
+// Unview ends a view made by View (nothing for other buffers). Views of the same memory are
+// counted: the memory stops being a device buffer when the last one ends (a net rebuilt at a
+// smaller micro-batch views the parameters before the old one closes).
 func (d *Device) Unview(b engine.Buf) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r, ok := d.mem[b.Ptr]; ok && r.block == nil {
+		if r.views--; r.views > 0 {
+			d.mem[b.Ptr] = r
+			return
+		}
 		delete(d.mem, b.Ptr)
 	}
 }
