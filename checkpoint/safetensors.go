@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/qvd/qvd/internal/half"
 )
 
 // Limits and constants of the safetensors format.
@@ -507,21 +509,45 @@ func (f *File) Tensor(name string) (Tensor, error) {
 	return Tensor{Name: name, Shape: slices.Clone(e.shape), Data: data}, nil
 }
 
-// ReadInto copies the named F32 tensor into dst, which must have exactly the tensor's
-// element count; shape must equal the stored shape. It is how a checkpoint is restored into
-// existing flat parameter buffers without allocating.
+// Widening reports whether a tensor of this dtype can be read into float32 exactly: F32, and
+// the half-precision F16 and BF16 that pretrained weights are often published in.
+func Widening(dtype string) bool { return dtype == dtypeF32 || dtype == "F16" || dtype == "BF16" }
+
+// ReadInto copies the named tensor into dst as float32, which must have exactly the tensor's
+// element count; shape must equal the stored shape. F16 and BF16 tensors are widened (exact).
+// It is how a checkpoint is restored into existing flat parameter buffers without allocating.
 func (f *File) ReadInto(name string, dst []float32, shape []int) error {
-	e, err := f.f32Entry(name)
+	e, err := f.entry(name)
 	if err != nil {
 		return err
+	}
+	if !Widening(e.dtype) {
+		return fmt.Errorf("tensor %q has dtype %s; only F32, F16 and BF16 can be decoded (convert it with .float() before saving): %w",
+			name, e.dtype, ErrUnsupportedDtype)
 	}
 	if !slices.Equal(shape, e.shape) {
 		return fmt.Errorf("tensor %q: stored shape %v, want %v", name, e.shape, shape)
 	}
-	if n := (e.end - e.begin) / 4; uint64(len(dst)) != n {
+	size := uint64(4)
+	if e.dtype != dtypeF32 {
+		size = 2
+	}
+	if n := (e.end - e.begin) / size; uint64(len(dst)) != n {
 		return fmt.Errorf("tensor %q: destination holds %d elements, tensor has %d", name, len(dst), n)
 	}
-	decodeF32(dst, f.data[e.begin:e.end])
+	src := f.data[e.begin:e.end]
+	switch e.dtype {
+	case dtypeF32:
+		decodeF32(dst, src)
+	case "F16":
+		for i := range dst {
+			dst[i] = half.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	default:
+		for i := range dst {
+			dst[i] = half.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	}
 	return nil
 }
 

@@ -136,8 +136,8 @@ func InitFromFile(f *checkpoint.File, renames []Rename, strict bool, l *Layout, 
 			errs = append(errs, err)
 			continue
 		}
-		if info.Dtype != "F32" {
-			errs = append(errs, fmt.Errorf("tensor %s: the file's %q has dtype %s; only F32 loads (save it with .float())", mapped, name, info.Dtype))
+		if !checkpoint.Widening(info.Dtype) {
+			errs = append(errs, fmt.Errorf("tensor %s: the file's %q has dtype %s; only F32, F16 and BF16 load (save it with .float())", mapped, name, info.Dtype))
 			continue
 		}
 		if !slices.Equal(info.Shape, t.Shape) {
