@@ -1157,8 +1157,8 @@ func (n *Net) backwardRange(p *pass, st []layerState, dy Buf, lo, hi, rows int, 
 	return dy
 }
 
-// pairGrads runs a layer whose one kernel makes both its weight and bias gradients
-// (LayerNorm, BatchNorm2d): it takes both pieces from the sink (bias first: it lies higher),
+// pairGrads runs a layer whose one kernel makes both its weight and bias gradients, whole
+// (Conv2D, LayerNorm, BatchNorm2d): it takes both pieces from the sink (bias first: it lies higher),
 // calls compute with them (an invalid Buf for a frozen one) and gives them back.
 func (n *Net) pairGrads(l model.Layer, beta float32, compute func(dw, db Buf, beta float32)) error {
 	wTrain, bTrain := !n.layout.Tensors[l.Weight].Frozen, !n.layout.Tensors[l.Bias].Frozen
@@ -1212,59 +1212,13 @@ func (n *Net) pairGrads(l model.Layer, beta float32, compute func(dw, db Buf, be
 // are trained) and, when a layer below needs it, the input gradient into w.dx.
 func (n *Net) convGrads(i int, x, dy Buf, w bwdBufs, rows int, beta float32) error {
 	l := n.spec.Layers[i]
-	cs := n.convShape(l, rows)
 	dx := Buf{}
 	if n.needDx[i] {
 		dx = w.dx
 	}
-	wTrain, bTrain := !n.layout.Tensors[l.Weight].Frozen, !n.layout.Tensors[l.Bias].Frozen
-	if n.sink == nil {
-		var dw, db Buf
-		if wTrain {
-			dw, _ = n.gradOf(l.Weight)
-		}
-		if bTrain {
-			db, _ = n.gradOf(l.Bias)
-		}
-		n.dev.Conv2DBackward(dx, dw, db, dy, x, n.tensor(l.Weight), w.ws, cs, beta)
-		if bTrain {
-			n.gradDone(l.Bias, db)
-		}
-		if wTrain {
-			n.gradDone(l.Weight, dw)
-		}
-		return nil
-	}
-	// Both gradients come out of one call: take both pieces (bias first: it lies higher),
-	// compute, give them back. A convolution's tensors are produced whole.
-	var pb, pw piece
-	var err error
-	if bTrain {
-		x := n.extent[l.Bias]
-		if pb, err = n.acquire(x.Off, x.Off+x.Size); err != nil {
-			return err
-		}
-	}
-	if wTrain {
-		x := n.extent[l.Weight]
-		if pw, err = n.acquire(x.Off, x.Off+x.Size); err != nil {
-			return err
-		}
-	}
-	if pb.g.Valid() && pw.g.Valid() && pb.beta != pw.beta {
-		return errors.New("engine: the sink wants the bias and the weight of one layer accumulated differently")
-	}
-	b := max(pb.beta, pw.beta)
-	n.dev.Conv2DBackward(dx, pw.g, pb.g, dy, x, n.tensor(l.Weight), w.ws, cs, b)
-	if bTrain {
-		if err := n.release(pb); err != nil {
-			return err
-		}
-	}
-	if wTrain {
-		return n.release(pw)
-	}
-	return nil
+	return n.pairGrads(l, beta, func(dw, db Buf, beta float32) {
+		n.dev.Conv2DBackward(dx, dw, db, dy, x, n.tensor(l.Weight), w.ws, n.convShape(l, rows), beta)
+	})
 }
 
 // Evaluate runs the forward pass on the first b.N (<= EvalBatch) samples and sums their loss
