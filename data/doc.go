@@ -1,5 +1,6 @@
 // Package data opens a labelled image dataset, decides which samples each rank trains on, and
 // fills caller-owned batches with normalised (and, for training, augmented) pixels.
+// A leaf of docs/architecture.md: it must not import any qvd package outside internal/.
 //
 // What it owns:
 //

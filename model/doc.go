@@ -1,4 +1,6 @@
 // Package model builds qvd's neural networks as gorgonia graphs over one flat parameter buffer.
+// It must not import engine, zero, trainer or anything above them (docs/architecture.md): the
+// engines depend on the model, never the reverse.
 //
 // Every trainable tensor is a view (tensor.WithBacking) of a slice of a single []float32 whose
 // arrangement is described by a Layout: names, shapes and flat offsets, each tensor aligned to

@@ -1,5 +1,6 @@
 // Package rundir gives a training run ownership of its run directory, so that two runs never
 // mix their checkpoints, metrics or logs.
+// It must not import engine, zero, trainer or anything above them (docs/architecture.md).
 //
 // [Open] is called once per run, before anything is written, by the process that writes the
 // metrics and commits the checkpoints (rank 0: `qvd train`, the coordinator of a `qvd launch`

@@ -1,4 +1,6 @@
 // Package cpu is the engine's CPU backend, the one qvd trains with by default.
+// It must not import trainer, configs, job or cmd (docs/architecture.md): the trainer drives
+// the engine through its own interfaces.
 //
 // Buffers live outside the Go heap (internal/arena blocks) or are views of the caller's
 // memory: on the CPU the host is the device, so the trainer's parameters and the ZeRO

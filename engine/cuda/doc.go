@@ -2,6 +2,8 @@
 // compute stream on which every operation is queued in order, the kernels of engine/cuda/kernels
 // (PTX, JIT-compiled by the driver at Open) and a cuBLAS handle bound to that stream for the
 // GEMMs.
+// It must not import trainer, configs, job or cmd (docs/architecture.md): the trainer drives
+// the engine through its own interfaces.
 //
 // Everything but this file is built only with the build tag cuda (go build -tags cuda):
 // gorgonia.org/cu links libcuda and its package initialisation calls cuInit and exits the

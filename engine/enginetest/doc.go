@@ -1,6 +1,8 @@
 // Package enginetest is the conformance suite of engine.Device, run by every backend as
 // gonum's testblas is by every BLAS: exported functions that take a *testing.T and a
 // constructor of fresh devices (TestDevice runs them all).
+// It must not import trainer, configs, job or cmd (docs/architecture.md): the trainer drives
+// the engine through its own interfaces.
 //
 // Each operation is checked against a float64 computation of its definition from the values
 // the device actually holds (inputs already rounded to their types), with tolerances derived

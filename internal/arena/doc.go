@@ -1,6 +1,8 @@
 // Package arena is qvd's memory for large, long-lived buffers: parameters, gradients, master
 // weights, optimizer moments, communication buckets and activation workspace. Each block is
 // its own anonymous mapping (mmap), outside the Go heap, so
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 //   - the garbage collector neither scans nor counts it: the heap's GOGC headroom (by
 //     default the heap may grow to twice its live size before a collection) applies to the

@@ -1,4 +1,6 @@
 // Package blas selects the BLAS that gorgonia's tensor operations use.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // With cgo (the default build) it routes float32/float64 GEMM and friends to OpenBLAS through
 // gonum's netlib bindings: on the 2-core development machine a 1024³ float32 matmul runs at

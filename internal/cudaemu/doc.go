@@ -1,6 +1,8 @@
 // Package cudaemu reaches the extra entry points of qvd's emulated CUDA driver, a
 // libcuda.so.1 that runs engine/cuda's kernels on the CPU so that the cuda-tagged code runs
 // and is tested without a GPU. The emulator itself is C++ beside this file:
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 //	include/cuda_emu.h  what kernels.cu needs from nvcc, for g++ (-include): threadIdx and the
 //	                    other built-ins, __syncthreads and the warp shuffles as real barriers

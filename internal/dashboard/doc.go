@@ -4,6 +4,8 @@
 // re-forming, lost members, skipped and OOM-skipped steps, micro-batch halvings). It reads the
 // run's metrics.jsonl (see package metrics) while the run writes it, and the members from a
 // MemberSource when it has one.
+// It sits in the training layer of docs/architecture.md: it must not import configs, job or
+// cmd.
 //
 // What it owns: a Tail that reads the metrics file incrementally (each poll reads only the
 // bytes appended since the last one, and never a line that is still being written); a

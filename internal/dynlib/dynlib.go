@@ -2,6 +2,8 @@
 // with purego, so a binary built here with CUDA 11.8 headers runs against whatever CUDA the
 // GPU machine has (libcublas.so.13 beside a 580 driver) and a machine without them gets a
 // clear error instead of a loader failure at start.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 package dynlib
 
 import (

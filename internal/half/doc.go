@@ -1,5 +1,7 @@
 // Package half converts between float32 and the two 16-bit floating-point formats qvd trains
 // with: IEEE 754 binary16 ("fp16") and bfloat16 ("bf16").
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // Mixed-precision training keeps fp32 master weights; the model computes on weights rounded to
 // the working format, gradients are rounded to it, and the collectives put 16-bit words on the

@@ -1,6 +1,8 @@
 // Package httpserve runs the small HTTP servers a rank offers beside training (Prometheus's
 // /metrics, the dashboard): it listens, serves from a goroutine it owns, and stops with a
 // short grace for a request in flight. It also checks the HOST:PORT such a server is given.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 package httpserve
 
 import (

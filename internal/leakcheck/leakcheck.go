@@ -1,6 +1,8 @@
 // Package leakcheck is a test helper: it fails a test whose goroutines outlive it, the way
 // grpc-go's grpctest does, so every package that starts servers and workers can prove each
 // goroutine has an owner that stops it.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // Finding and filtering goroutines is go.uber.org/goleak's. This package adds only what
 // goleak v1.3.0 cannot be told: how long to wait. goleak.Find gives up after about 0.4 s

@@ -1,6 +1,8 @@
 // Package lograte bounds log lines that someone outside the cluster can cause: a refused gRPC
 // call, a failed TLS handshake, a garbage gossip datagram. Without a bound, each such event
 // writes a line, and a flood of them fills the disk and buries the lines that matter.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // A Limiter is a token bucket (Burst lines at once, then Burst per Every on average) that
 // counts the lines it refuses; the next line it allows carries that count, so the log says

@@ -2,6 +2,8 @@
 // heap, everything the Go runtime has mapped, the process's resident set, the memory the
 // system (or the process's memory cgroup) still has available and its total, and swap
 // traffic.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // Contract:
 //   - Reader.Read is cheap enough to call every optimizer step: it reuses its runtime/metrics

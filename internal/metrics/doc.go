@@ -3,6 +3,8 @@
 // a member lost, the micro-batch halved) and rank 0's view of the members (KindMembers) —
 // the Writer that appends records to a JSON-lines file while a
 // run is in progress, and the readers (ReadFile, WriteCSV) used by `qvd plot` and by users.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // Contract:
 //   - The file holds one JSON object per line, in the order the records were written. A run

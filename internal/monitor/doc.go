@@ -1,5 +1,7 @@
 // Package monitor owns the scalar monitors that rank 0 writes beside metrics.jsonl: TensorBoard
 // event files (package tbevents) and DeepSpeed's csv_monitor layout, one CSV file per scalar.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // Scalars maps a metrics.Record to the scalars both monitors write (the tags are listed
 // there); Sink writes each record to the enabled monitors. cmd/qvd opens a Sink on rank 0 and

@@ -1,6 +1,8 @@
 // Package plot renders a metrics file (see package metrics) into a PNG for `qvd plot`: train
 // loss and eval loss against the step on top, eval accuracy against the step below, both
 // panels sharing the step axis.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // Contract:
 //   - Render is a pure function of its records and options plus one file write. The PNG is

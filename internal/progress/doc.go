@@ -1,5 +1,7 @@
 // Package progress prints the trainer's live progress: step, epoch, loss, throughput,
 // learning rate, ETA and (for fp16) the loss scale.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // A Line has two modes, chosen by the caller (typically Config.TTY = IsTerminal(os.Stdout)):
 //   - TTY: one line redrawn in place with "\r" and ESC[K, at most every minRedraw (~10 times a

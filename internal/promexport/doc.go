@@ -1,6 +1,8 @@
 // Package promexport serves a rank's training metrics in the Prometheus text format on
 // /metrics, from its own prometheus.Registry (never the global default), with the Go runtime
 // and process collectors beside qvd's own.
+// It sits in the training layer of docs/architecture.md: it must not import configs, job or
+// cmd.
 //
 // What it owns: the Exporter, a trainer.MetricsSink that keeps the last train and eval
 // records' figures (step, loss, learning rate, samples/s, gradient norm, loss scale, skipped

@@ -1,5 +1,7 @@
 // Package tbevents writes and reads TensorBoard event files: a sequence of TFRecords, each
 // holding one serialized tensorflow.Event protocol buffer.
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // It owns three layers, each usable alone:
 //   - The TFRecord framing (record.go): uint64 little-endian length, masked CRC-32C of the

@@ -3,6 +3,8 @@
 // (AddScale, Scale), and move fp16/bf16 words on the wire (EncodeF16, DecodeF16,
 // EncodeBF16); the optimizer and gradient clipping take norms (SumSquares) and maxima (Max);
 // the CPU optimizer steps Adam and AdamW over its shard (AdamW, AdamL2).
+// It must not import any qvd package outside internal/ (the foundation layer of
+// docs/architecture.md).
 //
 // On amd64 CPUs with AVX2 and F16C the kernels are assembly (vec_amd64.s), chosen at run time
 // with golang.org/x/sys/cpu; elsewhere, and everywhere under the build tag purego, they are

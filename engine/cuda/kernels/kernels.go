@@ -2,6 +2,7 @@
 // nvcc makes of them (kernels.ptx, committed), so that building qvd needs no nvcc: the driver
 // JIT-compiles the PTX for its GPU when engine/cuda loads the module. This package is plain Go
 // and builds everywhere; only engine/cuda (build tag cuda) talks to the driver.
+// It imports no other qvd package.
 //
 // After editing kernels.cu, run `go generate ./engine/cuda/kernels` and commit both files; a
 // test fails while the PTX is older than the source.
