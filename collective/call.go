@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/vec"
 )
 
@@ -17,9 +16,8 @@ type call struct {
 	r      *Ring
 	op     uint8 // OpAllReduce ... OpBarrier
 	red    Op
-	wire   half.Format
 	tag    uint64
-	buf    []float32
+	buf    elems  // the caller's buffer; buf.dt is what goes on the wire
 	shards Shards // the call's partition (the caller's, or evenShards)
 	root   int
 	ctx    context.Context // ends when the call does: cancels a Send in flight
@@ -73,16 +71,17 @@ func newCall(r *Ring) *call {
 }
 
 // start sets c up for one call (under r.mu).
-func (c *call) start(ctx context.Context, op uint8, tag uint64, buf []float32, shards Shards, red Op, root int, wire half.Format) {
+func (c *call) start(ctx context.Context, op uint8, tag uint64, buf elems, shards Shards, red Op, root int) {
 	r := c.r
-	c.op, c.tag, c.buf, c.red, c.root, c.wire = op, tag, buf, red, root, wire
+	c.op, c.tag, c.buf, c.red, c.root = op, tag, buf, red, root
 	c.ctx, c.cancel = context.WithCancel(ctx)
+	n := buf.len()
 	if op == OpAllReduce || op == OpBarrier {
-		shards = evenShardsInto(c.evenShards, len(buf), r.size)
+		shards = evenShardsInto(c.evenShards, n, r.size)
 	}
 	c.shards = shards
-	chunk := r.cfg.ChunkBytes / wire.Bytes()
-	c.sched.plan(op, r.rank, r.size, shards, len(buf), root, chunk)
+	chunk := r.cfg.ChunkBytes / buf.dt.Bytes()
+	c.sched.plan(op, r.rank, r.size, shards, n, root, chunk)
 	c.total = spanFrames(c.sched.send, chunk)
 }
 
@@ -92,7 +91,7 @@ func (c *call) reset() {
 		c.cancel()
 	}
 	c.timer.Stop()
-	c.buf, c.shards, c.ctx, c.cancel = nil, nil, nil, nil
+	c.buf, c.shards, c.ctx, c.cancel = elems{}, nil, nil, nil
 	c.held, c.hasHeld, c.aborted, c.heard = frame{}, false, false, false
 	c.sstep, c.spiece = 0, 0
 	c.ready, c.sent, c.total, c.routed = 0, 0, 0, 0
@@ -105,7 +104,7 @@ func (c *call) reset() {
 	}
 }
 
-func (c *call) name() string { return callName(c.op, c.tag) }
+func (c *call) name() string { return typedName(c.buf.dt, callName(c.op, c.tag)) }
 
 // failLocked records the first failure and wakes the call (under r.mu).
 func (c *call) failLocked(err error) {
@@ -184,9 +183,9 @@ func (c *call) run() error {
 	switch {
 	case c.op == OpAllGather:
 		// Every rank must end with the bits its peers decode, so the owner rounds first.
-		vec.Round(c.buf[c.shards[r.rank]:c.shards[r.rank+1]], c.wire)
+		c.buf.slice(c.shards[r.rank], c.shards[r.rank+1]).round()
 	case c.op == OpBroadcast && r.rank == c.root:
-		vec.Round(c.buf, c.wire)
+		c.buf.round()
 	}
 	r.mu.Lock()
 	c.ready = s.initial
@@ -216,11 +215,11 @@ func (c *call) run() error {
 				return err
 			}
 			if !f.applied { // else the dispatcher combined it straight from the transport
-				combine(c.buf[lo:hi], f.p, c.wire, reduce, c.red)
+				c.buf.slice(lo, hi).combine(f.p, reduce, c.red)
 			}
 			r.release(f)
 			if si == s.finalStep {
-				c.finalize(c.buf[lo:hi])
+				c.finalize(c.buf.slice(lo, hi))
 			}
 			r.mu.Lock()
 			c.ready++
@@ -234,7 +233,12 @@ func (c *call) run() error {
 // finalize turns a fully reduced piece into its final value: the average divides by N in
 // fp32 (a true division, so integer sums average exactly where they can), and the owner
 // rounds to the wire format so that a following all-gather hands every rank the same bits.
-func (c *call) finalize(x []float32) {
+// Exact types are final as they are.
+func (c *call) finalize(e elems) {
+	if !e.dt.float() {
+		return
+	}
+	x := e.f
 	if c.red == Avg {
 		if n := c.r.size; n&(n-1) == 0 {
 			vec.Scale(x, 1/float32(n)) // exact: a power of two's reciprocal is exact
@@ -245,7 +249,7 @@ func (c *call) finalize(x []float32) {
 			}
 		}
 	}
-	vec.Round(x, c.wire)
+	vec.Round(x, e.wire())
 }
 
 // next returns the next frame for c, waiting at most Config.Timeout for it.
@@ -381,8 +385,8 @@ func (c *call) check(f *frame, step uint32, piece, lo, hi int) error {
 		why = fmt.Sprintf("frame kind %d, want data", h.Kind)
 	case h.Op != c.op:
 		why = fmt.Sprintf("frame of a %s, want %s", opName(h.Op), opName(c.op))
-	case h.DType != c.wire:
-		why = fmt.Sprintf("element type %v, want %v", h.DType, c.wire)
+	case h.DType != c.buf.dt:
+		why = fmt.Sprintf("element type %v, want %v", h.DType, c.buf.dt)
 	case h.Tag != c.tag:
 		why = fmt.Sprintf("tag %d, want %d", h.Tag, c.tag)
 	case int(h.Src) != r.prev:
@@ -392,8 +396,8 @@ func (c *call) check(f *frame, step uint32, piece, lo, hi int) error {
 	case h.Offset != uint64(lo) || h.Count != uint32(hi-lo):
 		why = fmt.Sprintf("elements [%d, +%d), want [%d, +%d) (do the ranks' lengths or shards differ?)",
 			h.Offset, h.Count, lo, hi-lo)
-	case uint64(h.Length) != uint64(h.Count)*uint64(c.wire.Bytes()) || !f.applied && len(f.p) != int(h.Length):
-		why = fmt.Sprintf("payload of %d bytes (header says %d) for %d %v elements", len(f.p), h.Length, h.Count, c.wire)
+	case uint64(h.Length) != uint64(h.Count)*uint64(c.buf.dt.Bytes()) || !f.applied && len(f.p) != int(h.Length):
+		why = fmt.Sprintf("payload of %d bytes (header says %d) for %d %v elements", len(f.p), h.Length, h.Count, c.buf.dt)
 	default:
 		return nil
 	}

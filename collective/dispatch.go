@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/qvd/qvd/internal/half"
 )
 
 // dispatch is the Ring's only reader of frames from the predecessor. It routes each frame by
@@ -79,19 +77,20 @@ func (r *Ring) staleAbortErr(f frame) error {
 // exact piece the schedule expects for (step, piece) — so a DirectReceiver reads it there
 // without a copy, or nil to receive it into a pool buffer as usual. It only ever names a
 // region that nobody else touches until the call applies the frame: a copy step of a started
-// call (all-gather, the all-gather half of an all-reduce, broadcast), fp32 on the wire, with
-// the all-reduce's send gate passed (the region's reduce-scatter pieces have left). As in
+// call (all-gather, the all-gather half of an all-reduce, broadcast) whose elements' memory
+// is their wire encoding (fp32, or an exact type), with the all-reduce's send gate passed
+// (the region's reduce-scatter pieces have left). As in
 // applyDest, only the frame the call expects next lands there: a later call with the same
 // explicit tag must never write into this one's buffer. The read is recorded in r.land, so
 // that finish can stop it (unland) before the caller has its buffer back.
 func (r *Ring) directDest(h Header) []byte {
-	if h.DType != half.FP32 {
+	if h.DType != DTypeFP32 && h.DType.float() {
 		return nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := r.landingCallLocked(h)
-	if c == nil || c.wire != half.FP32 {
+	if c == nil || !c.buf.direct() {
 		return nil
 	}
 	s := &c.sched
@@ -111,14 +110,15 @@ func (r *Ring) directDest(h Header) []byte {
 			return nil
 		}
 		lo, hi := pieceBounds(sp, int(h.Piece), s.chunk)
-		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > len(c.buf) || uint64(h.Length) != 4*uint64(h.Count) {
+		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > c.buf.len() ||
+			uint64(h.Length) != uint64(c.buf.dt.Bytes())*uint64(h.Count) {
 			return nil
 		}
 		r.land.mu.Lock()
 		r.land.c, r.land.direct = c, true
 		r.land.gen++
 		r.land.mu.Unlock()
-		return f32Bytes(c.buf[lo:hi])
+		return c.buf.slice(lo, hi).mem()
 	}
 	return nil
 }
@@ -128,7 +128,7 @@ func (r *Ring) directDest(h Header) []byte {
 // route does not drop (under r.mu).
 func (r *Ring) landingCallLocked(h Header) *call {
 	c := r.mu.active[h.Tag]
-	if c == nil || c.ended || c.err != nil || h.DType != c.wire || h.Op != c.op || int(h.Src) != r.prev {
+	if c == nil || c.ended || c.err != nil || h.DType != c.buf.dt || h.Op != c.op || int(h.Src) != r.prev {
 		return nil
 	}
 	if _, dead := r.mu.dead[h.Tag]; dead && h.Tag < MaxUserTag {
@@ -168,7 +168,7 @@ func (r *Ring) unland(c *call) {
 	if l.c != c {
 		return
 	}
-	l.c, l.dst = nil, nil
+	l.c, l.dst = nil, elems{}
 	if !l.direct {
 		return
 	}
@@ -210,12 +210,12 @@ func (r *Ring) applyDest(h Header) func(off int, p []byte) {
 			return nil
 		}
 		lo, hi := pieceBounds(sp, int(h.Piece), s.chunk)
-		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > len(c.buf) ||
-			uint64(h.Length) != uint64(h.Count)*uint64(c.wire.Bytes()) {
+		if h.Offset != uint64(lo) || int(h.Count) != hi-lo || hi > c.buf.len() ||
+			uint64(h.Length) != uint64(h.Count)*uint64(c.buf.dt.Bytes()) {
 			return nil
 		}
 		r.land.mu.Lock()
-		r.land.c, r.land.dst, r.land.wire, r.land.reduce, r.land.red = c, c.buf[lo:hi], c.wire, si < s.reduceSteps, c.red
+		r.land.c, r.land.dst, r.land.reduce, r.land.red = c, c.buf.slice(lo, hi), si < s.reduceSteps, c.red
 		r.land.mu.Unlock()
 		r.land.applied = true
 		return r.landFn
@@ -229,8 +229,8 @@ func (r *Ring) landPart(off int, p []byte) {
 	l := &r.land
 	l.mu.Lock()
 	if l.c != nil {
-		wb := l.wire.Bytes()
-		combine(l.dst[off/wb:(off+len(p))/wb], p, l.wire, l.reduce, l.red)
+		wb := l.dst.dt.Bytes()
+		l.dst.slice(off/wb, (off+len(p))/wb).combine(p, l.reduce, l.red)
 	}
 	l.mu.Unlock()
 }
@@ -238,7 +238,7 @@ func (r *Ring) landPart(off int, p []byte) {
 // endLanding forgets the frame applied in place, if any.
 func (r *Ring) endLanding() {
 	r.land.mu.Lock()
-	r.land.c, r.land.dst = nil, nil
+	r.land.c, r.land.dst = nil, elems{}
 	r.land.mu.Unlock()
 }
 
@@ -387,16 +387,16 @@ func (r *Ring) sendPiece(c *call) error {
 	sp := c.sched.send[c.sstep]
 	lo, hi := pieceBounds(sp, c.spiece, c.sched.chunk)
 	var words []uint16
-	if c.wire != half.FP32 {
+	if !c.buf.direct() {
 		if r.words == nil {
 			r.words = make([]uint16, r.cfg.ChunkBytes/2)
 			r.sendBytes.Store(int64(2 * len(r.words)))
 		}
 		words = r.words
 	}
-	payload := encode(c.buf[lo:hi], c.wire, words)
+	payload := c.buf.slice(lo, hi).payload(words)
 	h := Header{
-		Kind: KindData, DType: c.wire, Op: c.op, Src: uint16(r.rank), Tag: c.tag,
+		Kind: KindData, DType: c.buf.dt, Op: c.op, Src: uint16(r.rank), Tag: c.tag,
 		Step: sp.step, Piece: uint32(c.spiece), Offset: uint64(lo), Count: uint32(hi - lo),
 		Length: uint32(len(payload)),
 	}

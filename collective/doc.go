@@ -1,5 +1,6 @@
 // Package collective implements qvd's collective operations — all-reduce, reduce-scatter,
-// all-gather, broadcast and barrier over float32 buffers — as ring algorithms written
+// all-gather, broadcast and barrier over float32 buffers, and the typed AllReduceInt64 and
+// BroadcastBytes for counters, flags and ids — as ring algorithms written
 // against a small frame Transport, so the same schedule runs over an in-process transport in
 // tests and over gRPC streams, raw TCP or shared memory in production.
 //
@@ -13,7 +14,9 @@
 // fp32, fp16 or bf16 (half the bytes). Reductions always add in fp32: a received 16-bit
 // value is widened and added into the fp32 buffer, and partial sums are rounded to the wire
 // format only when they are sent. After a reduction, the owner of each shard rounds it to
-// the wire format before the all-gather, so every rank ends with identical bits.
+// the wire format before the all-gather, so every rank ends with identical bits. The typed
+// calls run the same schedules and frames with exact element types (DTypeInt64, DTypeUint8),
+// so no integer ever travels as a float.
 //
 // Failure. Every call takes a context, and a peer that sends nothing for Config.Timeout, or
 // whose connection breaks, fails the call with a *PeerError naming that rank and its address
@@ -31,6 +34,8 @@
 // shared memory among the ranks of each host and one over TCP among the ranks with the same
 // local rank across hosts, so most bytes cross the cheap link. Topology and ChooseTransport
 // (topology.go) decide, from the ranks' host ids, which data plane collective.transport auto
-// gets. Package collectivetest is the conformance suite every Communicator implementation
-// runs.
+// gets. Roster and Jobs (roster.go) are the job roster and the per-job transport registry
+// the network transports (tcpnet, grpcnet) share; Transports and CheckTransport name the data
+// planes a job may choose. Package collectivetest is the conformance suite every
+// Communicator implementation runs.
 package collective

@@ -3,8 +3,6 @@ package collective
 import (
 	"encoding/binary"
 	"fmt"
-
-	"github.com/qvd/qvd/internal/half"
 )
 
 // Frame kinds.
@@ -33,7 +31,7 @@ const (
 //	0  magic   uint16  0x5156 ("VQ" on the wire)
 //	2  version uint8   FrameVersion
 //	3  kind    uint8   KindData, KindAbort, KindHello
-//	4  dtype   uint8   half.Format of the payload elements
+//	4  dtype   uint8   DType of the payload elements (half.Format's codes for floats)
 //	5  op      uint8   OpAllReduce ... OpBarrier
 //	6  src     uint16  sender's rank
 //	8  tag     uint64  call tag
@@ -54,7 +52,7 @@ const (
 // Header describes one frame.
 type Header struct {
 	Kind   uint8
-	DType  half.Format
+	DType  DType
 	Op     uint8
 	Src    uint16
 	Tag    uint64
@@ -96,7 +94,7 @@ func ParseHeader(b []byte) (Header, error) {
 		return Header{}, fmt.Errorf("%w: frame version %d, this qvd speaks %d", ErrProtocol, v, FrameVersion)
 	}
 	h := Header{
-		Kind: b[3], DType: half.Format(b[4]), Op: b[5],
+		Kind: b[3], DType: DType(b[4]), Op: b[5],
 		Src:    binary.LittleEndian.Uint16(b[6:]),
 		Tag:    binary.LittleEndian.Uint64(b[8:]),
 		Step:   binary.LittleEndian.Uint32(b[16:]),
@@ -110,7 +108,7 @@ func ParseHeader(b []byte) (Header, error) {
 	}
 	switch h.Kind {
 	case KindData:
-		if h.DType != half.FP32 && h.DType != half.FP16 && h.DType != half.BF16 {
+		if h.DType.Bytes() == 0 {
 			return Header{}, fmt.Errorf("%w: unknown element type %d", ErrProtocol, uint8(h.DType))
 		}
 		if h.Op < OpAllReduce || h.Op > OpBarrier {

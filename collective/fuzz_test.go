@@ -24,7 +24,7 @@ func FuzzParseHeader(f *testing.F) {
 	f.Add(bytes.Clone(b))
 	collective.PutHeader(b, collective.Header{Kind: collective.KindHello, Length: 60})
 	f.Add(bytes.Clone(b))
-	collective.PutHeader(b, collective.Header{Kind: collective.KindData, DType: half.BF16, Op: collective.OpBarrier, Count: 1 << 25, Length: 1 << 26})
+	collective.PutHeader(b, collective.Header{Kind: collective.KindData, DType: collective.DTypeBF16, Op: collective.OpBarrier, Count: 1 << 25, Length: 1 << 26})
 	f.Add(bytes.Clone(b))
 	f.Add([]byte{0x56, 0x51, 1})
 	f.Add([]byte{})
@@ -52,7 +52,7 @@ func FuzzParseHeader(f *testing.F) {
 // make the ring meet every field value, valid or not.
 func rawHeader(b []byte) collective.Header {
 	return collective.Header{
-		Kind: b[3], DType: half.Format(b[4]), Op: b[5],
+		Kind: b[3], DType: collective.DType(b[4]), Op: b[5],
 		Src:    binary.LittleEndian.Uint16(b[6:]),
 		Tag:    binary.LittleEndian.Uint64(b[8:]),
 		Step:   binary.LittleEndian.Uint32(b[16:]),
@@ -89,7 +89,7 @@ func FuzzRingFrames(f *testing.F) {
 		for _, op := range []collective.Op{collective.Sum, collective.Avg, collective.Max} {
 			for _, length := range []int{0, 1, 5, 16} {
 				s1 := (length + 1) / 2
-				h := collective.Header{Kind: collective.KindData, DType: wire, Op: collective.OpAllReduce,
+				h := collective.Header{Kind: collective.KindData, DType: collective.WireDType(wire), Op: collective.OpAllReduce,
 					Tag: collective.MaxUserTag, Offset: uint64(s1), Count: uint32(length - s1)}
 				p1 := bytes.Repeat([]byte{0x40, 0x3f}, (length-s1)*wire.Bytes()/2)
 				h2 := h

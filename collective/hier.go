@@ -30,13 +30,14 @@ import (
 //     are packed into a staging buffer where they are contiguous, costing one copy of the
 //     buffer (n elements) plus the own shard, unless the ranks are dealt to hosts round
 //     robin, which makes the staging layout the buffer's own (then no copies).
-//   - Broadcast: cross broadcast among the ranks with the root's local rank → local
-//     broadcast on every host from that local rank.
+//   - Broadcast and BroadcastBytes: cross broadcast among the ranks with the root's local
+//     rank → local broadcast on every host from that local rank.
+//   - AllReduceInt64: local all-reduce → cross all-reduce (every cross group the same).
 //   - Barrier: local barrier, then cross barrier. The cross barrier returning on a rank
 //     means every rank with its local rank has passed its local barrier, which means every
 //     rank of every host has entered, so a third (local) barrier adds nothing.
 //
-// Results. Max and every copy are exact. Sum and Avg add in a different order from a flat
+// Results. Max, Min, the int64 reductions and every copy are exact. Sum and Avg add in a different order from a flat
 // ring: each host's partial sums first, then across hosts. With integer-valued fp32 inputs
 // whose sums are exact (the conformance suite's) the results are the flat ring's bits;
 // otherwise fp32 sums differ from the flat ring's by at most 2(N-1)·2⁻²⁴·Σ|x| (both are
@@ -287,6 +288,40 @@ func (h *Hierarchical) Broadcast(ctx context.Context, buf []float32, root int, c
 		ch.note(groupCross, h.cross.Broadcast(ch.ctx, buf, rootHost, c))
 	}
 	ch.note(groupLocal, h.local.Broadcast(ch.ctx, buf, rootLocal, c))
+	return ch.err
+}
+
+// AllReduceInt64: local all-reduce, then cross all-reduce of the host's result. Every cross
+// group reduces the same values (each rank of a host holds its host's result), so the L
+// cross groups do the same work in parallel; for the small messages this call carries
+// (counters, flags) that costs less than a reduce-scatter's extra steps. Exact, like the
+// groups' own.
+func (h *Hierarchical) AllReduceInt64(ctx context.Context, v []int64, op Op) error {
+	if h.flat != nil {
+		return h.flat.AllReduceInt64(ctx, v, op)
+	}
+	ch := h.begin(ctx, OpAllReduce, 0)
+	ch.note(groupLocal, h.local.AllReduceInt64(ch.ctx, v, op))
+	ch.note(groupCross, h.cross.AllReduceInt64(ch.ctx, v, op))
+	return ch.err
+}
+
+// BroadcastBytes: as Broadcast, the root's cross group first, then every host from its
+// rank with the root's local rank.
+func (h *Hierarchical) BroadcastBytes(ctx context.Context, b []byte, root int) error {
+	if h.flat != nil {
+		return h.flat.BroadcastBytes(ctx, b, root)
+	}
+	ch := h.begin(ctx, OpBroadcast, 0)
+	if root < 0 || root >= h.size {
+		ch.fail(fmt.Errorf("broadcast root %d outside a group of %d", root, h.size))
+		root = 0 // the steps still run, cancelled, to abort them on the peers
+	}
+	rootHost, rootLocal := h.topo.HostOf[root], h.localOf[root]
+	if h.myLocal == rootLocal {
+		ch.note(groupCross, h.cross.BroadcastBytes(ch.ctx, b, rootHost))
+	}
+	ch.note(groupLocal, h.local.BroadcastBytes(ch.ctx, b, rootLocal))
 	return ch.err
 }
 

@@ -146,8 +146,7 @@ type frame struct {
 type landing struct {
 	mu      sync.Mutex
 	c       *call // nil: no frame, or its call has finished and the rest must be dropped
-	dst     []float32
-	wire    half.Format
+	dst     elems
 	reduce  bool
 	red     Op
 	applied bool // the frame in hand was given to landPart (dispatcher only)
@@ -254,26 +253,38 @@ func (r *Ring) Close() error {
 // AllReduce reduces buf across the ranks in place: a ring reduce-scatter over EvenShards of
 // the buffer followed by a ring all-gather, under one tag, with continuous step numbers.
 func (r *Ring) AllReduce(ctx context.Context, buf []float32, op Op, c Call) error {
-	return r.run(ctx, OpAllReduce, buf, nil, op, 0, c)
+	return r.run(ctx, OpAllReduce, floatElems(buf, c.Wire), nil, op, 0, c)
 }
 
 // ReduceScatter leaves the reduction of shard r in buf[shards[r]:shards[r+1]] on rank r,
 // rounded to the wire format (so a following AllGather spreads identical bits). The rest of
 // buf holds partial sums.
 func (r *Ring) ReduceScatter(ctx context.Context, buf []float32, shards Shards, op Op, c Call) error {
-	return r.run(ctx, OpReduceScatter, buf, shards, op, 0, c)
+	return r.run(ctx, OpReduceScatter, floatElems(buf, c.Wire), shards, op, 0, c)
 }
 
 // AllGather fills buf on every rank with every rank's shard. With a 16-bit wire each rank
 // first rounds its own shard in place, so every rank ends bit-identical.
 func (r *Ring) AllGather(ctx context.Context, buf []float32, shards Shards, c Call) error {
-	return r.run(ctx, OpAllGather, buf, shards, Sum, 0, c)
+	return r.run(ctx, OpAllGather, floatElems(buf, c.Wire), shards, Sum, 0, c)
 }
 
 // Broadcast copies root's buf to every rank along the pipelined chain root → root+1 → ...
 // With a 16-bit wire root first rounds its buffer in place.
 func (r *Ring) Broadcast(ctx context.Context, buf []float32, root int, c Call) error {
-	return r.run(ctx, OpBroadcast, buf, nil, Sum, root, c)
+	return r.run(ctx, OpBroadcast, floatElems(buf, c.Wire), nil, Sum, root, c)
+}
+
+// AllReduceInt64 is AllReduce on int64 elements, exact: the same ring schedule and frames,
+// with int64 payloads (DTypeInt64) reduced as integers. Its tag is the next of the sequence.
+func (r *Ring) AllReduceInt64(ctx context.Context, v []int64, op Op) error {
+	return r.run(ctx, OpAllReduce, elems{i: v, dt: DTypeInt64}, nil, op, 0, Call{})
+}
+
+// BroadcastBytes is Broadcast on raw bytes (DTypeUint8 frames), along the same chain. Its
+// tag is the next of the sequence.
+func (r *Ring) BroadcastBytes(ctx context.Context, b []byte, root int) error {
+	return r.run(ctx, OpBroadcast, elems{b: b, dt: DTypeUint8}, nil, Sum, root, Call{})
 }
 
 // Barrier returns once every rank has entered it. It is a reduce-scatter of nothing: one
@@ -281,7 +292,7 @@ func (r *Ring) Broadcast(ctx context.Context, buf []float32, root int, c Call) e
 // and so on back to r+1's first frame, so its arrival proves that every other rank has
 // entered (each sends only after entering).
 func (r *Ring) Barrier(ctx context.Context) error {
-	return r.run(ctx, OpBarrier, nil, nil, Sum, 0, Call{})
+	return r.run(ctx, OpBarrier, elems{}, nil, Sum, 0, Call{})
 }
 
 // opName names a collective for error messages.
@@ -325,7 +336,7 @@ func ValidateCall(op uint8, n, size int, shards Shards, red Op, root int, c Call
 	}
 	switch op {
 	case OpAllReduce, OpReduceScatter:
-		if red != Sum && red != Avg && red != Max {
+		if red != Sum && red != Avg && red != Max && red != Min {
 			return fmt.Errorf("unknown reduction %v", red)
 		}
 	case OpBroadcast:
@@ -344,9 +355,43 @@ func ValidateCall(op uint8, n, size int, shards Shards, red Op, root int, c Call
 	return nil
 }
 
+// ValidateInt64 checks the reduction of an AllReduceInt64 as the Ring does: Sum, Max or
+// Min (an average has no exact int64 result). Other Communicators use it so that all of them
+// refuse the same calls with the same messages.
+func ValidateInt64(op Op) error {
+	switch op {
+	case Sum, Max, Min:
+		return nil
+	}
+	return fmt.Errorf("reduction %v on int64: want sum, max or min", op)
+}
+
+// validateElems is ValidateCall for a call on buf, which may be of an exact type.
+func validateElems(op uint8, buf elems, size int, shards Shards, red Op, root int, cl Call) error {
+	if buf.dt == DTypeInt64 {
+		if err := ValidateInt64(red); err != nil {
+			return err
+		}
+	}
+	return ValidateCall(op, buf.len(), size, shards, red, root, cl)
+}
+
+// typedName prefixes the name of a call on an exact type with the type ("int64 all-reduce
+// (auto tag 3)").
+func typedName(dt DType, name string) string {
+	switch dt {
+	case DTypeInt64:
+		return "int64 " + name
+	case DTypeUint8:
+		return "byte " + name
+	}
+	return name
+}
+
 // run is every collective: validate, take a tag, register, run the schedule, clean up.
-func (r *Ring) run(ctx context.Context, op uint8, buf []float32, shards Shards, red Op, root int, cl Call) error {
-	verr := ValidateCall(op, len(buf), r.size, shards, red, root, cl)
+// For a barrier buf is empty (its type is fp32).
+func (r *Ring) run(ctx context.Context, op uint8, buf elems, shards Shards, red Op, root int, cl Call) error {
+	verr := validateElems(op, buf, r.size, shards, red, root, cl)
 	if r.size == 1 && verr == nil {
 		// A group of one: nothing to exchange, and the data is left untouched (the average
 		// or maximum of one rank is its own value).
@@ -374,9 +419,9 @@ func (r *Ring) run(ctx context.Context, op uint8, buf []float32, shards Shards, 
 		r.mu.Unlock()
 		r.putCall(c)
 		if cl.Tag >= MaxUserTag {
-			return fmt.Errorf("collective %s on rank %d: %w", opName(op), r.rank, verr)
+			return fmt.Errorf("collective %s on rank %d: %w", typedName(buf.dt, opName(op)), r.rank, verr)
 		}
-		err := fmt.Errorf("collective %s on rank %d: %w", callName(op, tag), r.rank, verr)
+		err := fmt.Errorf("collective %s on rank %d: %w", typedName(buf.dt, callName(op, tag)), r.rank, verr)
 		r.originateAbort(op, tag, r.rank, err)
 		return err
 	}
@@ -385,7 +430,7 @@ func (r *Ring) run(ctx context.Context, op uint8, buf []float32, shards Shards, 
 		r.putCall(c)
 		return fmt.Errorf("collective %s on rank %d: tag %d is already used by a running call", callName(op, tag), r.rank, tag)
 	}
-	c.start(ctx, op, tag, buf, shards, red, root, cl.Wire)
+	c.start(ctx, op, tag, buf, shards, red, root)
 	r.mu.active[tag] = c
 	r.mu.calls = append(r.mu.calls, c)
 	// Hand over the frames that arrived before this call started, in arrival order.

@@ -491,7 +491,7 @@ func fakePrev(t *testing.T, timeout time.Duration) (*collective.Ring, collective
 }
 
 var goodHeader = collective.Header{
-	Kind: collective.KindData, DType: half.FP32, Op: collective.OpAllReduce, Src: 0,
+	Kind: collective.KindData, DType: collective.DTypeFP32, Op: collective.OpAllReduce, Src: 0,
 	Tag: collective.MaxUserTag, Step: 0, Piece: 0, Offset: 4, Count: 4, Length: 16,
 }
 
@@ -505,7 +505,7 @@ func TestBadFrames(t *testing.T) {
 		want error
 	}{
 		{"op", func(h *collective.Header) { h.Op = collective.OpBroadcast }, nil, collective.ErrProtocol},
-		{"dtype", func(h *collective.Header) { h.DType, h.Length = half.FP16, 8 }, payload(8), collective.ErrProtocol},
+		{"dtype", func(h *collective.Header) { h.DType, h.Length = collective.DTypeFP16, 8 }, payload(8), collective.ErrProtocol},
 		{"step", func(h *collective.Header) { h.Step = 1 }, nil, collective.ErrProtocol},
 		{"piece", func(h *collective.Header) { h.Piece = 1 }, nil, collective.ErrProtocol},
 		{"offset", func(h *collective.Header) { h.Offset = 0 }, nil, collective.ErrProtocol},

@@ -108,11 +108,11 @@ type Plan string
 // Plans ChooseTransport picks from.
 const (
 	// PlanShm: one ring over shared memory; every rank is on one host.
-	PlanShm Plan = "shm"
+	PlanShm Plan = TransportShm
 	// PlanTCP: one ring over raw TCP.
-	PlanTCP Plan = "tcp"
+	PlanTCP Plan = TransportTCP
 	// PlanGRPC: one ring over the cluster's gRPC streams.
-	PlanGRPC Plan = "grpc"
+	PlanGRPC Plan = TransportGRPC
 	// PlanHierarchical: NewHierarchical over a shared-memory ring within each host and a
 	// TCP ring per local rank across hosts.
 	PlanHierarchical Plan = "hierarchical"
@@ -135,9 +135,9 @@ const (
 func ChooseTransport(requested string, t Topology, shmErr error) (plan Plan, reason string, err error) {
 	hosts := len(t.Hosts)
 	switch requested {
-	case "tcp", "grpc":
+	case TransportTCP, TransportGRPC:
 		return Plan(requested), "requested by collective.transport", nil
-	case "shm":
+	case TransportShm:
 		switch {
 		case shmErr != nil:
 			return "", "", fmt.Errorf("collective.transport shm: shared memory is unavailable on rank %d: %w", t.Rank, shmErr)
@@ -146,7 +146,7 @@ func ChooseTransport(requested string, t Topology, shmErr error) (plan Plan, rea
 				t.Size, hosts, t.describe())
 		}
 		return PlanShm, "requested by collective.transport", nil
-	case "auto":
+	case TransportAuto:
 	default:
 		return "", "", fmt.Errorf("collective.transport: must be auto, shm, tcp or grpc, got %q", requested)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/qvd/qvd/internal/half"
@@ -14,10 +15,13 @@ import (
 type Op uint8
 
 // Reductions. Avg is Sum divided by the group size (in fp32, before rounding to the wire).
+// Max and Min follow Go's builtin max and min (commutative: NaN wins, -0 < +0), so the
+// result does not depend on the order in which ranks combine.
 const (
 	Sum Op = iota + 1
 	Avg
 	Max
+	Min
 )
 
 func (o Op) String() string {
@@ -28,6 +32,8 @@ func (o Op) String() string {
 		return "avg"
 	case Max:
 		return "max"
+	case Min:
+		return "min"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -82,7 +88,8 @@ func (s Shards) Validate(n, size int) error {
 }
 
 // Communicator runs collectives among the ranks of one group. Every rank must make the
-// same calls with the same lengths, shards, ops, roots and wire types.
+// same calls with the same lengths, shards, ops, roots and wire types. The typed calls
+// (AllReduceInt64, BroadcastBytes) take the automatic tag sequence, like a Call with Tag 0.
 type Communicator interface {
 	Rank() int
 	Size() int
@@ -96,6 +103,12 @@ type Communicator interface {
 	AllGather(ctx context.Context, buf []float32, shards Shards, c Call) error
 	// Broadcast copies root's buf to every rank.
 	Broadcast(ctx context.Context, buf []float32, root int, c Call) error
+	// AllReduceInt64 reduces v element-wise across ranks, in place (Sum, Max or Min; exact,
+	// a sum wrapping modulo 2^64 as Go's int64 addition does). For counters and flags, which
+	// must not ride a float collective.
+	AllReduceInt64(ctx context.Context, v []int64, op Op) error
+	// BroadcastBytes copies root's b to every rank (every rank passes the same len(b)).
+	BroadcastBytes(ctx context.Context, b []byte, root int) error
 	// Barrier returns once every rank has entered it.
 	Barrier(ctx context.Context) error
 	// Close releases the communicator (not the transport it was given); safe to call twice.
@@ -123,10 +136,12 @@ type Config struct {
 	ShmChunkBytes int `yaml:"shm_chunk_bytes" json:"shm_chunk_bytes"`
 }
 
-// DefaultConfig: auto, 20 s timeout, 512 KiB pieces (the range 256 KiB–1 MiB measured best
-// for gRPC and TCP on loopback, see shared/notes/grpc-throughput.md), on shared memory too.
+// DefaultConfig: auto, 20 s timeout, 512 KiB pieces, on shared memory too. Pieces of 256 KiB
+// to 1 MiB measured best for gRPC and TCP on loopback (2026-11-22, 2 cores: one gRPC stream
+// moved 2.25 GB/s with 1 MiB messages; larger pieces did not help, see also
+// docs/performance.md on gRPC message sizes).
 func DefaultConfig() Config {
-	return Config{Transport: "auto", Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
+	return Config{Transport: TransportAuto, Timeout: 20 * time.Second, ChunkBytes: 512 << 10}
 }
 
 // ForShm is c for a ring over shared memory: its pieces are ShmChunkBytes where that is set.
@@ -137,11 +152,46 @@ func (c Config) ForShm() Config {
 	return c
 }
 
+// The values of Config.Transport (see its doc), for callers that branch on one.
+const (
+	TransportAuto = "auto"
+	TransportShm  = "shm"
+	TransportTCP  = "tcp"
+	TransportGRPC = "grpc"
+	TransportNCCL = "nccl"
+	// TransportInproc names the in-process transport (NewInproc): Config.Validate accepts
+	// it for tests, CheckTransport does not.
+	TransportInproc = "inproc"
+)
+
+// transports are the data planes a job may name, in the order Config.Transport documents.
+var transports = []string{TransportAuto, TransportShm, TransportTCP, TransportGRPC, TransportNCCL}
+
+// Transports returns the values a job may give `collective.transport` (and qvd's
+// --transport flags): auto, shm, tcp, grpc, nccl. This package is the one place that knows
+// them.
+func Transports() []string { return slices.Clone(transports) }
+
+// CheckTransport returns an error naming the allowed values unless name is one of
+// Transports. The error names no key: callers prefix the field or flag.
+func CheckTransport(name string) error {
+	if slices.Contains(transports, name) {
+		return nil
+	}
+	return fmt.Errorf("must be %s, got %q", transportChoice(), name)
+}
+
+// transportChoice is "auto, shm, tcp, grpc or nccl".
+func transportChoice() string {
+	n := len(transports)
+	return strings.Join(transports[:n-1], ", ") + " or " + transports[n-1]
+}
+
 // Validate checks the fields; errors name the field.
 func (c Config) Validate() error {
 	switch {
-	case !slices.Contains([]string{"auto", "shm", "tcp", "grpc", "nccl", "inproc"}, c.Transport):
-		return fmt.Errorf("transport: must be auto, shm, tcp, grpc or nccl (inproc in tests), got %q", c.Transport)
+	case c.Transport != TransportInproc && CheckTransport(c.Transport) != nil:
+		return fmt.Errorf("transport: must be %s (%s in tests), got %q", transportChoice(), TransportInproc, c.Transport)
 	case c.Timeout < 100*time.Millisecond || c.Timeout > time.Hour:
 		return fmt.Errorf("timeout: must be between 100ms and 1h, got %v", c.Timeout)
 	case c.ChunkBytes < 4<<10 || c.ChunkBytes > 64<<20:

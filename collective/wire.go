@@ -70,7 +70,7 @@ func alignedBytes(n int) []byte {
 }
 
 // combine applies a received payload p of wire elements (len(p) = len(dst)*wire.Bytes()) to
-// dst: with reduce it adds (Sum, Avg) or takes the maximum (Max) in fp32, otherwise it
+// dst: with reduce it adds (Sum, Avg) or takes the maximum (Max) or minimum (Min) in fp32, otherwise it
 // copies (all-gather, broadcast). Accumulation is always fp32; a 16-bit word is widened
 // exactly before it meets the running value (Micikevicius et al. 2018).
 func combine(dst []float32, p []byte, wire half.Format, reduce bool, op Op) {
@@ -92,6 +92,10 @@ func combine(dst []float32, p []byte, wire half.Format, reduce bool, op Op) {
 			// Builtin max semantics (commutative: NaN wins, +0 > -0), so the result does not
 			// depend on the order in which the ring visits the ranks.
 			vec.Max(dst, src)
+		case op == Min:
+			for i, v := range src {
+				dst[i] = min(dst[i], v)
+			}
 		default:
 			vec.Add(dst, src)
 		}
@@ -115,6 +119,14 @@ func combine(dst []float32, p []byte, wire half.Format, reduce bool, op Op) {
 			for i, w := range src {
 				dst[i] = max(dst[i], half.BF16ToF32(w))
 			}
+		case op == Min && wire == half.FP16:
+			for i, w := range src {
+				dst[i] = min(dst[i], half.F16ToF32(w))
+			}
+		case op == Min:
+			for i, w := range src {
+				dst[i] = min(dst[i], half.BF16ToF32(w))
+			}
 		case wire == half.FP16:
 			vec.AddDecodedF16(dst, src)
 		default:
@@ -132,6 +144,8 @@ func combineF32Slow(dst []float32, p []byte, reduce bool, op Op) {
 			dst[i] = v
 		case op == Max:
 			dst[i] = max(dst[i], v)
+		case op == Min:
+			dst[i] = min(dst[i], v)
 		default:
 			dst[i] += v
 		}
@@ -153,6 +167,8 @@ func combine16Slow(dst []float32, p []byte, wire half.Format, reduce bool, op Op
 			dst[i] = v
 		case op == Max:
 			dst[i] = max(dst[i], v)
+		case op == Min:
+			dst[i] = min(dst[i], v)
 		default:
 			dst[i] += v
 		}

@@ -160,8 +160,9 @@ func (c *Config) Validate() error {
 		cc.Key = placeholderKey[:]
 	}
 	add("cluster", cc.Validate())
-	if c.Collective.Transport == "inproc" {
-		errs = append(errs, fmt.Errorf("collective.transport: must be auto, shm, tcp, grpc or nccl (inproc is for tests), got %q", c.Collective.Transport))
+	if c.Collective.Transport == collective.TransportInproc {
+		// collective's own Validate accepts inproc for its tests; a job cannot use it.
+		add("collective", fmt.Errorf("transport: %w (inproc is for tests)", collective.CheckTransport(c.Collective.Transport)))
 	}
 	add("collective", c.Collective.Validate())
 	add("tls", c.TLS.Validate())
@@ -181,7 +182,7 @@ func (c *Config) Validate() error {
 	if c.Engine == EngineGorgonia && c.Freeze.Enabled() && c.Model.ActivationCheckpointing.Segments > 1 {
 		add("freeze", errors.New("layer freezing with model.activation_checkpointing is not supported by engine gorgonia: use the native engine, or one or the other"))
 	}
-	if c.Collective.Transport == "nccl" && c.Device.Type != "cuda" {
+	if c.Collective.Transport == collective.TransportNCCL && c.Device.Type != "cuda" {
 		add("collective", fmt.Errorf("transport: nccl needs device.type: cuda, got %q", c.Device.Type))
 	}
 	return errors.Join(errs...)

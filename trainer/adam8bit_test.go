@@ -109,7 +109,7 @@ func TestAdamW8bitReshardResume(t *testing.T) {
 		if resetState {
 			// New has restored the weights and position; dropping the source makes Run skip
 			// streaming the optimizer state in, which stays zero.
-			ts[0].resumed = nil
+			ts[0].ckpt.resumed = nil
 		}
 		if _, errs := runAll(context.Background(), ts); errors.Join(errs...) != nil {
 			t.Fatal(errors.Join(errs...))

@@ -32,37 +32,36 @@ const (
 // now, its samples contribute nothing to this step, and the run goes on. The other ranks may be
 // reducing this micro-batch's buckets; this rank takes part with a zero gradient (the model
 // fails before it writes any, and microBatch has finished the engine's part).
-func (t *Trainer) skipMicroBatch(j int, err error) error {
+func (t *Trainer) skipMicroBatch(j int, err error) {
 	t.adapt.skipped++
 	t.adapt.streak++
 	t.log.Warn("out of memory in a micro-batch: skipping it",
-		zap.Int64("step", t.step+1), zap.Int("micro_batch_index", j), zap.Int("micro_batch", t.cfg.MicroBatch),
+		zap.Int64("step", t.pos.step+1), zap.Int("micro_batch_index", j), zap.Int("micro_batch", t.cfg.MicroBatch),
 		zap.Int("consecutive", t.adapt.streak), zap.Int64("skipped_total", t.adapt.skipped), zap.Error(err))
-	return nil
 }
 
-// wantAdapt is this rank's vote (1) for halving the micro-batch after this step: too many
+// wantAdapt is this rank's vote for halving the micro-batch after this step: too many
 // consecutive out-of-memory micro-batches, or host pressure with memory.adapt on.
-func (t *Trainer) wantAdapt() float64 {
+func (t *Trainer) wantAdapt() bool {
 	a := &t.adapt
 	if a.stuck {
-		return 0
+		return false
 	}
 	after := a.after
 	if after <= 0 {
 		after = defaultOOMAdaptAfter
 	}
 	if a.streak >= after {
-		return 1
+		return true
 	}
 	// Pressure lingers for a while after a halving (the collector has to catch up): give each
 	// halving pressureCooldown steps before the next.
-	if a.onPressure && (a.halvings == 0 || t.step-a.lastStep >= pressureCooldown) {
-		if p, _ := t.mon.Pressure(); p {
-			return 1
+	if a.onPressure && (a.halvings == 0 || t.pos.step-a.lastStep >= pressureCooldown) {
+		if p, _ := t.out.mon.Pressure(); p {
+			return true
 		}
 	}
-	return 0
+	return false
 }
 
 // halveMicroBatch rebuilds the model at half the micro-batch and doubles accumulation, so
@@ -84,45 +83,41 @@ func (t *Trainer) halveMicroBatch() error {
 			zap.Int("micro_batch", m), zap.Int("accum", t.cfg.Accum))
 		return nil
 	}
-	if err := t.pullDevice(); err != nil { // the device state goes with the old model
+	if err := t.stepper.PullState(); err != nil { // the device state goes with the old model
 		return err
 	}
 	next, err := a.rebuild(m / 2)
 	if err != nil {
 		return fmt.Errorf("rebuilding the model at micro-batch %d: %w", m/2, err)
 	}
-	if next.MicroBatch() != m/2 || next.EvalBatch() != t.cfg.EvalBatch || len(next.Params()) != len(t.params) || &next.Params()[0] != &t.params[0] {
+	if next.MicroBatch() != m/2 || next.EvalBatch() != t.cfg.EvalBatch || len(next.Params()) != len(t.w.params) || &next.Params()[0] != &t.w.params[0] {
 		return errors.New("the rebuilt model must share the parameter buffer and take the new micro-batch")
 	}
 	if c, ok := t.model.(interface{ Close() error }); ok {
 		_ = c.Close()
 	}
 	t.model = next
-	if t.dev != nil {
-		t.dev = nil
-		if err := t.enableDeviceStep(); err != nil {
-			return err
-		}
-		if err := t.pushDevice(); err != nil {
-			return err
-		}
+	stepper, err := t.stepper.Rebind(next)
+	if err != nil {
+		return err
 	}
+	t.stepper = stepper
 	t.cfg.MicroBatch, t.cfg.Accum = m/2, t.cfg.Accum*2
-	t.batch = data.NewBatch(t.cfg.MicroBatch, t.train.SampleSize())
+	t.data.batch = data.NewBatch(t.cfg.MicroBatch, t.data.train.SampleSize())
 	a.streak = 0
 	a.halvings++
-	a.lastStep = t.step
+	a.lastStep = t.pos.step
 	why := "out-of-memory micro-batches"
-	if p, reason := t.mon.Pressure(); p {
+	if p, reason := t.out.mon.Pressure(); p {
 		why = reason
 	}
 	t.log.Warn("memory: halved the micro-batch and doubled accumulation; the global batch is unchanged",
-		zap.Int64("after_step", t.step), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
-		zap.Int("global_batch", t.global), zap.String("why", why))
-	if t.metrics != nil && t.sinkErr == nil { // an event on the dashboard
-		ev := metrics.Record{Kind: metrics.KindEvent, Time: float64(t.clock.Now().UnixNano()) / 1e9, Step: t.step, Epoch: t.fracEpoch(),
+		zap.Int64("after_step", t.pos.step), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
+		zap.Int("global_batch", t.spec.global), zap.String("why", why))
+	if t.out.metrics != nil && t.out.sinkErr == nil { // an event on the dashboard
+		ev := metrics.Record{Kind: metrics.KindEvent, Time: float64(t.out.clock.Now().UnixNano()) / 1e9, Step: t.pos.step, Epoch: t.fracEpoch(),
 			Event: metrics.EventMicroBatchHalved, Detail: fmt.Sprintf("micro-batch %d, accumulation %d (%s)", t.cfg.MicroBatch, t.cfg.Accum, why)}
-		if err := t.metrics.Write(ev); err != nil {
+		if err := t.out.metrics.Write(ev); err != nil {
 			t.sinkFailed(err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"go.uber.org/zap"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/zero"
 )
 
 // DeviceStepper is a Model that can keep the gradient, the fp32 master weights and the
@@ -38,41 +40,148 @@ type DeviceStepper interface {
 	PushState(master, m, v []float32, steps int64) error
 }
 
-// enableDeviceStep turns the device step on when the model supports it and the run allows
+// stepEnv is what choosing a StepEngine depends on besides the model.
+type stepEnv struct {
+	eng   *zero.Engine
+	spec  *runSpec
+	group *group
+	log   *zap.Logger
+}
+
+// newStepEngine steps on the model's device when the model supports it and the run allows
 // it: no optimizer offload, ZeRO stage 0 (the shards of stages 1-2 live on the host), and an
-// optimizer the fused kernel implements. Otherwise a GPU model steps on the host (ZeRO-Offload's
-// split), and the log says why.
-func (t *Trainer) enableDeviceStep() error {
-	d, ok := t.model.(DeviceStepper)
+// optimizer the fused kernel implements. Otherwise the step runs on the host engine (for a
+// GPU model, ZeRO-Offload's split), and the log says why.
+func newStepEngine(m Model, env stepEnv) (StepEngine, error) {
+	host := &hostStep{eng: env.eng, model: m}
+	d, ok := m.(DeviceStepper)
 	if !ok || !d.DeviceStep() {
-		return nil
+		return host, nil
 	}
+	opt := env.spec.opt
 	why := ""
 	switch {
-	case t.eng.Offloaded():
+	case env.eng.Offloaded():
 		why = "zero_optimization.offload_optimizer.device is cpu"
-	case t.zeroCfg.Stage != 0:
-		why = fmt.Sprintf("ZeRO stage %d keeps its optimizer shards in host memory", t.zeroCfg.Stage)
-	case t.optCfg.Type != offload.TypeAdamW && (t.optCfg.Type != offload.TypeAdam || t.optCfg.WeightDecay != 0):
-		why = fmt.Sprintf("optimizer %s is not the fused device kernel's (adamw, or adam without weight_decay)", t.optCfg.Type)
+	case env.spec.zero.Stage != 0:
+		why = fmt.Sprintf("ZeRO stage %d keeps its optimizer shards in host memory", env.spec.zero.Stage)
+	case opt.Type != offload.TypeAdamW && (opt.Type != offload.TypeAdam || opt.WeightDecay != 0):
+		why = fmt.Sprintf("optimizer %s is not the fused device kernel's (adamw, or adam without weight_decay)", opt.Type)
 	}
 	if why != "" {
-		t.log.Info("optimizer step on the host (offload)", zap.String("why", why))
-		return nil
+		env.log.Info("optimizer step on the host (offload)", zap.String("why", why))
+		return host, nil
 	}
-	if err := d.EnableDeviceOptimizer(t.optCfg); err != nil {
-		return fmt.Errorf("device optimizer: %w", err)
+	if err := d.EnableDeviceOptimizer(opt); err != nil {
+		return nil, fmt.Errorf("device optimizer: %w", err)
 	}
-	t.dev = d
-	t.log.Info("optimizer step on the device: fused AdamW, fp32 master weights and moments in device memory")
+	env.log.Info("optimizer step on the device: fused AdamW, fp32 master weights and moments in device memory")
+	return &deviceStep{dev: d, env: env}, nil
+}
+
+// deviceStep is the device path: micro-batches accumulate into the device gradient, which is
+// reduced, checked and stepped there. The host engine keeps the state checkpoints read.
+type deviceStep struct {
+	dev DeviceStepper
+	env stepEnv
+}
+
+var _ StepEngine = (*deviceStep)(nil)
+
+// SyncParams: the device's weights are the current ones.
+func (d *deviceStep) SyncParams() error { return nil }
+
+func (d *deviceStep) BeginStep(accum int) error { return d.env.eng.BeginStep(accum) }
+
+func (d *deviceStep) Accumulate(ctx context.Context, b *data.Batch, lossMul float32, first, last bool) (float32, error) {
+	return d.dev.AccumulateMicro(b, lossMul, first)
+}
+
+// Reduce averages the device gradient. With no micro-batch run, the device gradient holds
+// nothing of this step: it is zeroed first, so the rank adds nothing to the average, as the
+// host path's cleared buffer does.
+func (d *deviceStep) Reduce(ctx context.Context, ran int) error {
+	if ran == 0 {
+		if err := d.dev.ZeroGrads(); err != nil {
+			return err
+		}
+	}
+	return d.dev.ReduceGrads(ctx, d.env.group.comm, d.env.spec.format)
+}
+
+// SumSquares checks the gradient on the device, which also unscales it in place; the sum is
+// scaled back so both paths report the same quantity.
+func (d *deviceStep) SumSquares(ctx context.Context, scale float64) (float64, error) {
+	overflow, s, err := d.dev.CheckGrads(float32(1 / scale))
+	if err != nil {
+		return 0, err
+	}
+	// The averaged gradient is the same on every rank, and so its check; the flag is agreed
+	// all the same, so that no reduction's nondeterminism (NCCL's, on some topologies) could
+	// make one rank step while another skips.
+	overflow, err = d.env.group.anyTrue(ctx, overflow)
+	if err != nil {
+		return 0, fmt.Errorf("agreeing on the overflow check: %w", err)
+	}
+	if overflow {
+		return math.Inf(1), nil
+	}
+	return s * scale * scale, nil
+}
+
+// Apply steps the device optimizer, whose gradient is already unscaled.
+func (d *deviceStep) Apply(ctx context.Context, lr float32, gradScale, scale float64) error {
+	steps, err := d.dev.StepDevice(lr, float32(gradScale*scale))
+	if err != nil {
+		return err
+	}
+	d.env.eng.Optimizer().SetSteps(steps) // the LR schedule and checkpoints count steps there
 	return nil
 }
 
-// optimizerState returns the host engine's master weights and Adam moments (stage 0: the whole
+// PushState loads the host's weights and optimizer state into the device.
+func (d *deviceStep) PushState() error {
+	master, m, v, err := hostState(d.env.eng)
+	if err != nil {
+		return err
+	}
+	return d.dev.PushState(master, m, v, d.env.eng.Optimizer().Steps())
+}
+
+// PullState brings the host's weights and optimizer state up to date from the device.
+func (d *deviceStep) PullState() error {
+	master, m, v, err := hostState(d.env.eng)
+	if err != nil {
+		return err
+	}
+	steps, err := d.dev.PullState(master, m, v)
+	if err != nil {
+		return err
+	}
+	d.env.eng.Optimizer().SetSteps(steps)
+	return nil
+}
+
+func (d *deviceStep) Buckets() []zero.Bucket { return nil }
+
+// Rebind enables the device step on the rebuilt model (the caller pulled the state from the
+// old one) and loads the state into it.
+func (d *deviceStep) Rebind(m Model) (StepEngine, error) {
+	next, err := newStepEngine(m, d.env)
+	if err != nil {
+		return nil, err
+	}
+	if err := next.PushState(); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// hostState returns the host engine's master weights and Adam moments (stage 0: the whole
 // trainable part), the buffers checkpoints read and write.
-func (t *Trainer) optimizerState() (master, m, v []float32, err error) {
-	master = t.eng.Master()
-	for _, nb := range t.eng.Optimizer().State() {
+func hostState(eng *zero.Engine) (master, m, v []float32, err error) {
+	master = eng.Master()
+	for _, nb := range eng.Optimizer().State() {
 		switch nb.Name {
 		case "exp_avg":
 			m = nb.Data
@@ -84,34 +193,4 @@ func (t *Trainer) optimizerState() (master, m, v []float32, err error) {
 		return nil, nil, nil, errors.New("device optimizer: the host optimizer has no exp_avg/exp_avg_sq to mirror")
 	}
 	return master, m, v, nil
-}
-
-// pushDevice loads the host's weights and optimizer state into the device (after the first
-// broadcast or a resume, and after a rebuild).
-func (t *Trainer) pushDevice() error {
-	if t.dev == nil {
-		return nil
-	}
-	master, m, v, err := t.optimizerState()
-	if err != nil {
-		return err
-	}
-	return t.dev.PushState(master, m, v, t.eng.Optimizer().Steps())
-}
-
-// pullDevice brings the host's weights and optimizer state up to date from the device.
-func (t *Trainer) pullDevice() error {
-	if t.dev == nil {
-		return nil
-	}
-	master, m, v, err := t.optimizerState()
-	if err != nil {
-		return err
-	}
-	steps, err := t.dev.PullState(master, m, v)
-	if err != nil {
-		return err
-	}
-	t.eng.Optimizer().SetSteps(steps)
-	return nil
 }

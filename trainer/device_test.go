@@ -92,8 +92,8 @@ func TestDeviceStepMatchesHostStep(t *testing.T) {
 			g.newModel = gpuModel(g)
 			dev := &recorder{}
 			td := g.build(t, dev, nil)
-			if (td.dev != nil) == tc.offload {
-				t.Fatalf("device step on = %v with offload %v", td.dev != nil, tc.offload)
+			if onDevice(td) == tc.offload {
+				t.Fatalf("device step on = %v with offload %v", onDevice(td), tc.offload)
 			}
 			rd, err := td.Run(context.Background())
 			if err != nil {
@@ -115,7 +115,7 @@ func TestDeviceStepMatchesHostStep(t *testing.T) {
 				t.Fatalf("weights barely moved (%g)", moved)
 			}
 			// The host copy of the working weights was brought back at the end.
-			if d, _ := maxAbsDiff(td.params[td.layout.Frozen:], td.Master()); tc.prec == "fp32" && d != 0 {
+			if d, _ := maxAbsDiff(td.w.params[td.layout.Frozen:], td.Master()); tc.prec == "fp32" && d != 0 {
 				t.Fatalf("working weights on the host are stale: %g from the master", d)
 			}
 		})
@@ -150,7 +150,7 @@ func TestDeviceStepResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := r.build(t, nil, ck)
-	if tr.dev == nil {
+	if !onDevice(tr) {
 		t.Fatal("the resumed run does not step on the device")
 	}
 	if _, err := tr.Run(context.Background()); err != nil {
@@ -176,7 +176,7 @@ func TestDeviceStepGroup(t *testing.T) {
 	two.cfg.MicroBatch = 16
 	two.newModel = gpuModel(two)
 	ts, _ := two.group(t, 2, nil, nil)
-	if ts[0].dev == nil || ts[1].dev == nil {
+	if !onDevice(ts[0]) || !onDevice(ts[1]) {
 		t.Fatal("the ranks do not step on the device")
 	}
 	_, errs := runAll(context.Background(), ts)
@@ -216,7 +216,7 @@ func TestDeviceStepOutOfMemory(t *testing.T) {
 		}
 	}}
 	tr := r.build(t, rec, nil)
-	if tr.dev == nil {
+	if !onDevice(tr) {
 		t.Fatal("not stepping on the device")
 	}
 	res, err := tr.Run(context.Background())
@@ -292,4 +292,10 @@ func TestEnginesAgree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onDevice reports whether tr steps on its model's device.
+func onDevice(tr *Trainer) bool {
+	_, ok := tr.stepper.(*deviceStep)
+	return ok
 }

@@ -15,7 +15,7 @@ func TestOOMEventsRecorded(t *testing.T) {
 	r.cfg.MicroBatch, r.cfg.Accum, r.cfg.MaxSteps = 16, 1, 4
 	tr := r.buildOOM(t, func(micro, _ int) bool { return micro > 8 }, 2)
 	rec := &recorder{}
-	tr.metrics = rec
+	tr.out.metrics = rec
 	if _, err := tr.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}

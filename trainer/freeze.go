@@ -14,23 +14,23 @@ func (t *Trainer) setFrozen(w []float32) {
 	if len(w) == 0 {
 		return
 	}
-	copy(t.params[:len(w)], w)
-	if t.format != half.FP32 {
-		t.frozenMaster = append(t.frozenMaster[:0], w...)
-		vec.Round(t.params[:len(w)], t.format)
+	copy(t.w.params[:len(w)], w)
+	if t.spec.format != half.FP32 {
+		t.w.frozenMaster = append(t.w.frozenMaster[:0], w...)
+		vec.Round(t.w.params[:len(w)], t.spec.format)
 	}
 }
 
 // frozenWeights is the fp32 frozen prefix. Buffers in it (batch norm's running statistics)
 // are updated by the forward pass in the working weights, so they are taken from there.
 func (t *Trainer) frozenWeights() []float32 {
-	if t.frozenMaster != nil {
+	if t.w.frozenMaster != nil {
 		for _, tt := range t.layout.Tensors {
 			if tt.Buffer {
-				copy(t.frozenMaster[tt.Offset:tt.Offset+tt.Size], t.params[tt.Offset:tt.Offset+tt.Size])
+				copy(t.w.frozenMaster[tt.Offset:tt.Offset+tt.Size], t.w.params[tt.Offset:tt.Offset+tt.Size])
 			}
 		}
-		return t.frozenMaster
+		return t.w.frozenMaster
 	}
-	return t.params[:t.layout.Frozen]
+	return t.w.params[:t.layout.Frozen]
 }

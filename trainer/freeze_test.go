@@ -27,16 +27,16 @@ func TestFreeze(t *testing.T) {
 	if lay.Frozen == 0 || !lay.Tensors[0].Frozen || lay.Tensors[0].Name != "fc1.weight" {
 		t.Fatalf("layout: frozen prefix %d, first tensor %+v", lay.Frozen, lay.Tensors[0])
 	}
-	initial := append([]float32(nil), tr.params...)
+	initial := append([]float32(nil), tr.w.params...)
 	if _, err := tr.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < lay.Frozen; i++ {
-		if tr.params[i] != initial[i] {
-			t.Fatalf("frozen element %d changed: %v -> %v", i, initial[i], tr.params[i])
+		if tr.w.params[i] != initial[i] {
+			t.Fatalf("frozen element %d changed: %v -> %v", i, initial[i], tr.w.params[i])
 		}
 	}
-	if d, _ := maxAbsDiff(initial[lay.Frozen:], tr.params[lay.Frozen:]); d < 1e-4 {
+	if d, _ := maxAbsDiff(initial[lay.Frozen:], tr.w.params[lay.Frozen:]); d < 1e-4 {
 		t.Fatalf("the trainable part barely moved (%g)", d)
 	}
 	m := tr.Memory()
@@ -55,7 +55,7 @@ func TestFreeze(t *testing.T) {
 	if _, errs := runAll(context.Background(), trainers); errors.Join(errs...) != nil {
 		t.Fatal(errors.Join(errs...))
 	}
-	if d, at := maxAbsDiff(tr.params, trainers[1].params); d > 1e-6 {
+	if d, at := maxAbsDiff(tr.w.params, trainers[1].w.params); d > 1e-6 {
 		t.Fatalf("ZeRO-2 group differs from the single worker by %g at %d", d, at)
 	}
 	if lo, hi := trainers[1].eng.Shard(); hi > lay.Trainable() || hi-lo > lay.Trainable()/2+16 {

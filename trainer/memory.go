@@ -17,11 +17,11 @@ func (t *Trainer) memoryRecord() map[string]int64 {
 	if f := int64(t.layout.Frozen); f > 0 {
 		// Frozen parameters are held (the model computes with them) but nothing else is.
 		out["device_frozen_params"] = 4 * f
-		if t.frozenMaster != nil {
-			out["host_frozen_master"] = 4 * int64(len(t.frozenMaster))
+		if t.w.frozenMaster != nil {
+			out["host_frozen_master"] = 4 * int64(len(t.w.frozenMaster))
 		}
 	}
-	if c, ok := t.comm.(interface{ BufferBytes() int64 }); ok {
+	if c, ok := t.group.comm.(interface{ BufferBytes() int64 }); ok {
 		if b := c.BufferBytes(); b > 0 {
 			out["device_comm_buffers"] = b
 		}
@@ -51,7 +51,7 @@ func memoryRecord(m zero.Memory) map[string]int64 {
 // logMemory logs what this rank holds, so the savings of a ZeRO stage are visible at start.
 func (t *Trainer) logMemory() {
 	m := t.eng.Memory()
-	fields := []zap.Field{zap.Int("zero_stage", t.zeroCfg.Stage), zap.Int64("total_bytes", m.Total())}
+	fields := []zap.Field{zap.Int("zero_stage", t.spec.zero.Stage), zap.Int64("total_bytes", m.Total())}
 	rec := t.memoryRecord()
 	for _, k := range slices.Sorted(maps.Keys(rec)) {
 		fields = append(fields, zap.Int64(k, rec[k]))

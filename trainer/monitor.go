@@ -27,18 +27,18 @@ type phaseRun struct {
 
 // beginPhase starts a phase on the monitor (nothing without one).
 func (t *Trainer) beginPhase(name string) phaseRun {
-	if t.mon == nil {
+	if t.out.mon == nil {
 		return phaseRun{}
 	}
 	r := phaseRun{t: t}
-	if !t.monState.measured[name] {
-		if t.monState.measured == nil {
-			t.monState.measured = map[string]bool{}
+	if !t.out.monState.measured[name] {
+		if t.out.monState.measured == nil {
+			t.out.monState.measured = map[string]bool{}
 		}
-		t.monState.measured[name] = true
-		r.m = t.mon.Measure("first " + name)
+		t.out.monState.measured[name] = true
+		r.m = t.out.mon.Measure("first " + name)
 	}
-	r.p = t.mon.Begin(name)
+	r.p = t.out.mon.Begin(name)
 	return r
 }
 
@@ -49,7 +49,7 @@ func (r phaseRun) end() {
 	r.p.End()
 	if r.m != nil {
 		d := r.m.Done()
-		r.t.log.Info("memory change: "+d.String(), zap.Int64("step", r.t.step+1), zap.String("what", d.Name),
+		r.t.log.Info("memory change: "+d.String(), zap.Int64("step", r.t.pos.step+1), zap.String("what", d.Name),
 			zap.Int64("heap_delta_bytes", d.Heap), zap.Int64("rss_delta_bytes", d.RSS), zap.Uint64("allocated_bytes", d.Allocated))
 	}
 }
@@ -58,17 +58,17 @@ func (r phaseRun) end() {
 // line and pressure), else heap and RSS alone.
 func (t *Trainer) observeMemory(rec *metrics.Record) {
 	rec.Memory = t.memoryRecord()
-	if t.mon == nil {
-		snap := t.mem.Read()
+	if t.out.mon == nil {
+		snap := t.out.mem.Read()
 		rec.HeapBytes, rec.RSSBytes = snap.HeapInUse, snap.RSS
 		t.observeDevice(rec)
 		return
 	}
-	r := t.mon.Observe(t.step, rec.Memory)
+	r := t.out.mon.Observe(t.pos.step, rec.Memory)
 	rec.HeapBytes, rec.RSSBytes = r.Host.HeapInUse, r.Host.RSS
 	rec.AvailableBytes, rec.MaxHeapBytes, rec.LiveHeapBytes = r.Host.Available, r.MaxHeap, r.Live
 	rec.SwapInRate, rec.SwapOutRate = r.SwapInRate, r.SwapOutRate
-	if ph := t.mon.Phases(); len(ph) > 0 {
+	if ph := t.out.mon.Phases(); len(ph) > 0 {
 		rec.PhaseHeap = make(map[string]int64, len(ph))
 		for _, p := range ph {
 			rec.PhaseHeap[p.Name] = int64(p.PeakHeap)
@@ -84,14 +84,14 @@ func (t *Trainer) observeMemory(rec *metrics.Record) {
 	t.observeDevice(rec)
 	switch {
 	case r.Pressure && (r.PressureStarted || r.Periodic):
-		t.log.Warn("host memory pressure: "+r.Reason, zap.Int64("step", t.step),
+		t.log.Warn("host memory pressure: "+r.Reason, zap.Int64("step", t.pos.step),
 			zap.Uint64("available_bytes", r.Host.Available), zap.Uint64("min_available_bytes", r.MinAvailable),
 			zap.Uint64("total_bytes", r.Host.Total), zap.Float64("swap_in_pages_per_sec", r.SwapInRate),
 			zap.Float64("swap_out_pages_per_sec", r.SwapOutRate), zap.Uint64("rss_bytes", r.Host.RSS))
-	case !r.Pressure && t.monState.pressure:
-		t.log.Info("host memory pressure is over", zap.Int64("step", t.step), zap.Uint64("available_bytes", r.Host.Available))
+	case !r.Pressure && t.out.monState.pressure:
+		t.log.Info("host memory pressure is over", zap.Int64("step", t.pos.step), zap.Uint64("available_bytes", r.Host.Available))
 	}
-	t.monState.pressure = r.Pressure
+	t.out.monState.pressure = r.Pressure
 	if r.Log {
 		t.logMonitor(r)
 	}
@@ -99,7 +99,7 @@ func (t *Trainer) observeMemory(rec *metrics.Record) {
 
 // logMonitor logs the monitor's line with what explains it.
 func (t *Trainer) logMonitor(r memory.Report) {
-	why := "every " + strconv.Itoa(t.mon.Config().LogEvery) + " steps"
+	why := "every " + strconv.Itoa(t.out.mon.Config().LogEvery) + " steps"
 	switch {
 	case r.First:
 		why = "first step"

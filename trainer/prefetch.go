@@ -20,16 +20,16 @@ type prefetchState struct {
 	next  int              // the epoch position (first sample, over all ranks) pf delivers next
 }
 
-// nextMicroBatch makes t.batch micro-batch j of the step starting at t.offset: filled here
+// nextMicroBatch makes t.data.batch micro-batch j of the step starting at t.pos.offset: filled here
 // with data.prefetch 0, taken from the prefetcher otherwise.
 func (t *Trainer) nextMicroBatch(cctx context.Context, j int) error {
 	m := t.cfg.MicroBatch
 	if t.prefetch.depth == 0 {
-		return t.train.FillAugmented(t.batch, data.MicroBatch(t.perm, t.offset, j, t.world, t.rank, m), t.norm, data.Draw{Seed: t.seed, Epoch: t.epoch})
+		return t.data.train.FillAugmented(t.data.batch, data.MicroBatch(t.data.perm, t.pos.offset, j, t.group.world, t.group.rank, m), t.data.norm, data.Draw{Seed: t.spec.seed, Epoch: t.pos.epoch})
 	}
 	p := &t.prefetch
-	pos := t.offset + j*t.world*m
-	if p.pf == nil || p.pf.MicroBatch() != m || p.epoch != t.epoch || p.next != pos {
+	pos := t.pos.offset + j*t.group.world*m
+	if p.pf == nil || p.pf.MicroBatch() != m || p.epoch != t.pos.epoch || p.next != pos {
 		if err := t.startPrefetch(j); err != nil {
 			return err
 		}
@@ -38,8 +38,8 @@ func (t *Trainer) nextMicroBatch(cctx context.Context, j int) error {
 	if err != nil {
 		return err
 	}
-	p.next += t.world * m
-	t.batch = b
+	p.next += t.group.world * m
+	t.data.batch = b
 	return nil
 }
 
@@ -53,7 +53,7 @@ func (t *Trainer) startPrefetch(j int) error {
 		p.pf = nil
 	}
 	if p.pf == nil {
-		pf, err := data.NewPrefetcher(t.train, t.norm, m, p.depth)
+		pf, err := data.NewPrefetcher(t.data.train, t.data.norm, m, p.depth)
 		if err != nil {
 			return err
 		}
@@ -61,22 +61,22 @@ func (t *Trainer) startPrefetch(j int) error {
 	}
 	// Micro-batch j+k of the step at offset is, by MicroBatch's arithmetic, micro-batch k of
 	// the sequence, also past the end of the step (global = world·m·accum). The closure reads
-	// only copies and t.perm, which Run rewrites for the next epoch only after stopPrefetch.
-	perm, offset, world, rank := t.perm, t.offset, t.world, t.rank
-	steps := min(int64((len(perm)-offset)/t.global), t.totalSteps-t.step)
+	// only copies and t.data.perm, which Run rewrites for the next epoch only after stopPrefetch.
+	perm, offset, world, rank := t.data.perm, t.pos.offset, t.group.world, t.group.rank
+	steps := min(int64((len(perm)-offset)/t.spec.global), t.spec.totalSteps-t.pos.step)
 	seq := data.Sequence{
 		Len:     int(steps)*t.cfg.Accum - j,
 		Indices: func(k int) []int32 { return data.MicroBatch(perm, offset, j+k, world, rank, m) },
-		Draw:    &data.Draw{Seed: t.seed, Epoch: t.epoch}, // data.augment's randomness
+		Draw:    &data.Draw{Seed: t.spec.seed, Epoch: t.pos.epoch}, // data.augment's randomness
 	}
 	if err := p.pf.Start(seq); err != nil {
-		return fmt.Errorf("starting the prefetch at step %d: %w", t.step+1, err)
+		return fmt.Errorf("starting the prefetch at step %d: %w", t.pos.step+1, err)
 	}
-	p.epoch, p.next = t.epoch, t.offset+j*world*m
+	p.epoch, p.next = t.pos.epoch, t.pos.offset+j*world*m
 	return nil
 }
 
-// stopPrefetch stops the producer, so nothing reads t.perm any more; the next micro-batch
+// stopPrefetch stops the producer, so nothing reads t.data.perm any more; the next micro-batch
 // starts a new sequence.
 func (t *Trainer) stopPrefetch() {
 	if t.prefetch.pf != nil {

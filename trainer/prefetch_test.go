@@ -155,9 +155,9 @@ func TestPrefetchFillErrorReachesStep(t *testing.T) {
 		r := defaultRun()
 		r.cfg.MaxSteps = 4
 		tr := withPrefetch(r.build(t, nil, nil), depth)
-		bad := *tr.train
+		bad := *tr.data.train
 		bad.Labels = bad.Labels[:bad.N-1] // Fill rejects the inconsistent dataset
-		tr.train = &bad
+		tr.data.train = &bad
 		_, err := tr.Run(context.Background())
 		if err == nil || !strings.Contains(err.Error(), "step 1: filling micro-batch 0") || !strings.Contains(err.Error(), "inconsistent dataset") {
 			t.Fatalf("prefetch %d: %v", depth, err)

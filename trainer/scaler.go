@@ -3,6 +3,8 @@ package trainer
 import (
 	"fmt"
 	"math"
+
+	"github.com/qvd/qvd/checkpoint/sharded"
 )
 
 // ScalerConfig configures fp16 loss scaling (YAML `fp16:`, the fields of DeepSpeed's fp16 block).
@@ -49,13 +51,9 @@ func (c ScalerConfig) Validate() error {
 }
 
 // ScalerState is the loss scaler's whole state, saved in checkpoints so a resumed run scales
-// (and skips) exactly as the uninterrupted one would have.
-type ScalerState struct {
-	Scale          float64 `json:"scale"`
-	GoodSteps      int     `json:"good_steps"`      // clean steps since the last overflow or growth
-	HysteresisLeft int     `json:"hysteresis_left"` // overflows still tolerated before backing off
-	Overflows      int64   `json:"overflows"`       // total overflowed (skipped) steps
-}
+// (and skips) exactly as the uninterrupted one would have. It is part of the checkpoint's
+// meta.json, whose schema package sharded owns.
+type ScalerState = sharded.ScalerState
 
 // maxScale keeps the scale finite in float32, in which the model multiplies the loss.
 const maxScale = 1 << 100
@@ -94,6 +92,9 @@ func (s *Scaler) SetState(st ScalerState) error {
 	s.st = st
 	return nil
 }
+
+// set replaces the state with one Update produced (decide's, which ran on a copy).
+func (s *Scaler) set(st ScalerState) { s.st = st }
 
 // Update records one step's outcome and reports whether the optimizer step must be skipped
 // (it must, exactly when the gradients overflowed). It returns the scale change, if any, so

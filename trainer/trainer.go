@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -62,6 +61,8 @@ type ProgressSink interface {
 type Clock interface{ Now() time.Time }
 
 type realClock struct{}
+
+var _ Clock = realClock{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
@@ -160,79 +161,24 @@ type Result struct {
 // mixed precision with loss scaling, global-norm clipping, the LR schedule, the optimizer
 // step on fp32 master weights, evaluation and checkpoints.
 type Trainer struct {
-	cfg      Config
-	sched    ScheduleConfig
-	optCfg   offload.Config
-	ckptCfg  checkpoint.Config
-	seed     uint64
-	snapshot any
-
-	model   Model
-	layout  *model.Layout
-	zeroCfg zero.Config
-	eng     *zero.Engine // gradients, master weights, optimizer: this rank's share
-	pool    *offload.Pool
-	ownPool bool
-	format  half.Format
-	scaler  *Scaler // nil unless fp16
-
-	params []float32 // the model's working-precision parameters (full, frozen prefix included)
-	// frozenMaster is the fp32 copy of the frozen prefix in fp16/bf16 runs (nil otherwise).
-	frozenMaster []float32
-	// initial holds the full fp32 weights to start from (the model's initialisation, or on
-	// rank 0 a checkpoint's) until Run has spread rank 0's copy to every rank. In fp32 it is
-	// params itself (the working weights are exact); in fp16/bf16 a copy outside the Go heap,
-	// initialBlock, freed once spread.
-	initial      []float32
-	initialBlock *arena.Block
-	// resumed is rank 0's open checkpoint, read again in Run for the optimizer state.
-	resumed *resumeSource
-
-	train, test *data.Dataset
-	val         *data.Dataset // nil: no validation split
-	norm        data.Normalize
-	batch       *data.Batch
-	evalBatch   *data.Batch
-	perm        []int32
-
-	world, rank   int
-	comm          collective.Communicator // nil for a single worker
-	global        int                     // samples per optimizer step across all workers
-	stepsPerEpoch int
-	totalSteps    int64
-
-	// Position: the next step is global step `step`+1, reading the epoch-`epoch`
-	// permutation from position `offset`.
-	step    int64
-	epoch   int
-	offset  int
-	skipped int64
-
-	ckpt     *checkpoint.Manager
-	lastCkpt string
-	ckptStep int64
-
-	log      *zap.Logger
-	metrics  MetricsSink
-	progress ProgressSink
-	clock    Clock
-	mem      *memstat.Reader
-	mon      *memory.Monitor // nil: no monitor
-	monState monitorState
-	adapt    adaptState
-	dev      DeviceStepper // the model, when the step runs on its device (nil: on the host)
+	cfg      Config  // MicroBatch and Accum change when memory adaptation halves the micro-batch
+	spec     runSpec // what the run is: fixed at construction
+	group    group   // the data-parallel group this rank belongs to
+	model    Model
+	layout   *model.Layout
+	eng      *zero.Engine // gradients, master weights, optimizer: this rank's share
+	stepper  StepEngine   // where the step runs: the host engine or the model's device
+	pool     ownedPool
+	scaler   *Scaler // nil unless fp16
+	w        weights
+	data     dataState
 	prefetch prefetchState
-	emaStep  float64 // smoothed seconds per step, for ETA
-
-	// sinkErr is the first error writing the metrics (or what the sink writes with them: the
-	// log file), or a peer's report of one: the run stops at the next step boundary every rank
-	// agrees on, saves a checkpoint and fails with it.
-	sinkErr error
-
-	scalarBuf    []float32 // for the small per-step all-reduces
-	abortMu      sync.Mutex
-	abort        context.CancelCauseFunc
-	pendingAbort error
+	pos      position
+	ckpt     ckptState
+	out      outputs
+	log      *zap.Logger
+	adapt    adaptState
+	abort    abortState
 }
 
 // New builds a trainer; with s.Resume it restores weights, optimizer, scaler and data position.
@@ -264,94 +210,97 @@ func New(s Setup) (*Trainer, error) {
 			s.Model.MicroBatch(), s.Model.EvalBatch(), cfg.MicroBatch, cfg.EvalBatch)
 	}
 	t := &Trainer{
-		cfg: cfg, sched: s.Schedule, optCfg: s.Optimizer, zeroCfg: s.Zero, ckptCfg: s.Checkpoint, seed: s.Seed, snapshot: s.ConfigSnapshot,
-		model: s.Model, layout: s.Model.Layout(), format: cfg.Format(),
-		train: s.Train, test: s.Test, val: s.Val, norm: s.Normalize,
-		world: 1, rank: 0, comm: s.Comm,
-		log: s.Logger, metrics: s.Metrics, progress: s.Progress, clock: s.Clock,
-		mem: memstat.NewReader(), mon: s.MemoryMonitor, scalarBuf: make([]float32, 8),
-		adapt: adaptState{rebuild: s.Rebuild, onPressure: s.AdaptOnPressure, after: s.OOMAdaptAfter},
+		cfg:    cfg,
+		spec:   runSpec{sched: s.Schedule, opt: s.Optimizer, zero: s.Zero, seed: s.Seed, snapshot: s.ConfigSnapshot, format: cfg.Format()},
+		group:  group{world: 1, rank: 0, comm: s.Comm, scalarBuf: make([]float32, 8), intBuf: make([]int64, 8)},
+		model:  s.Model,
+		layout: s.Model.Layout(),
+		data:   dataState{train: s.Train, test: s.Test, val: s.Val, norm: s.Normalize},
+		ckpt:   ckptState{cfg: s.Checkpoint},
+		out:    outputs{metrics: s.Metrics, progress: s.Progress, clock: s.Clock, mem: memstat.NewReader(), mon: s.MemoryMonitor},
+		log:    s.Logger,
+		adapt:  adaptState{rebuild: s.Rebuild, onPressure: s.AdaptOnPressure, after: s.OOMAdaptAfter},
 	}
 	t.prefetch.depth = s.Prefetch
 	if t.log == nil {
 		t.log = zap.NewNop()
 	}
-	if t.comm != nil {
-		t.world, t.rank = t.comm.Size(), t.comm.Rank()
+	if t.group.comm != nil {
+		t.group.world, t.group.rank = t.group.comm.Size(), t.group.comm.Rank()
 	}
-	if t.clock == nil {
-		t.clock = realClock{}
+	if t.out.clock == nil {
+		t.out.clock = realClock{}
 	}
-	if t.format == half.FP16 {
+	if t.spec.format == half.FP16 {
 		if err := s.Scaler.Validate(); err != nil {
 			return nil, fmt.Errorf("fp16.%w", err)
 		}
 		t.scaler = NewScaler(s.Scaler)
 	}
-	t.global = cfg.MicroBatch * cfg.Accum * t.world
-	t.stepsPerEpoch = data.StepsPerEpoch(t.train.N, t.global)
-	if t.stepsPerEpoch < 1 {
+	t.spec.global = cfg.MicroBatch * cfg.Accum * t.group.world
+	t.spec.stepsPerEpoch = data.StepsPerEpoch(t.data.train.N, t.spec.global)
+	if t.spec.stepsPerEpoch < 1 {
 		return nil, fmt.Errorf("train: the global batch (micro_batch %d × accum %d × world %d = %d) is larger than the training set (%d samples)",
-			cfg.MicroBatch, cfg.Accum, t.world, t.global, t.train.N)
+			cfg.MicroBatch, cfg.Accum, t.group.world, t.spec.global, t.data.train.N)
 	}
-	t.totalSteps = int64(cfg.Epochs) * int64(t.stepsPerEpoch)
-	if cfg.MaxSteps > 0 && cfg.MaxSteps < t.totalSteps {
-		t.totalSteps = cfg.MaxSteps
+	t.spec.totalSteps = int64(cfg.Epochs) * int64(t.spec.stepsPerEpoch)
+	if cfg.MaxSteps > 0 && cfg.MaxSteps < t.spec.totalSteps {
+		t.spec.totalSteps = cfg.MaxSteps
 	}
 
 	n := t.layout.Size
-	t.params = s.Model.Params()
-	if len(t.params) != n {
-		return nil, fmt.Errorf("trainer: model params have %d elements, layout says %d", len(t.params), n)
+	t.w.params = s.Model.Params()
+	if len(t.w.params) != n {
+		return nil, fmt.Errorf("trainer: model params have %d elements, layout says %d", len(t.w.params), n)
 	}
-	if t.format == half.FP32 {
-		t.initial = t.params
+	if t.spec.format == half.FP32 {
+		t.w.initial = t.w.params
 	} else {
 		blk, buf, err := arena.Float32s(n, arena.Master)
 		if err != nil {
 			return nil, fmt.Errorf("trainer: the initial weights: %w", err)
 		}
-		copy(buf, t.params)
-		t.initial, t.initialBlock = buf, blk
+		copy(buf, t.w.params)
+		t.w.initial, t.w.initialBlock = buf, blk
 	}
 	// Frozen tensors (model.Layout.Frozen) sit in a prefix of the flat buffer that the engine
 	// never sees: no gradient, optimizer state or communication. In fp16/bf16 their fp32
 	// values are kept for checkpoints, since the working copy is rounded.
 	frozen := t.layout.Frozen
-	if frozen > 0 && t.format != half.FP32 {
-		t.frozenMaster = append([]float32(nil), t.params[:frozen]...)
+	if frozen > 0 && t.spec.format != half.FP32 {
+		t.w.frozenMaster = append([]float32(nil), t.w.params[:frozen]...)
 	}
 	// One pool of workers serves the optimizer and the trainer's own flat-buffer passes.
 	threads := cfg.Threads
 	if s.Optimizer.Threads > 0 {
 		threads = s.Optimizer.Threads
 	}
-	t.pool, t.ownPool = s.Pool, s.Pool == nil
-	if t.ownPool {
-		t.pool = offload.NewPool(threads)
+	t.pool.p, t.pool.own = s.Pool, s.Pool == nil
+	if t.pool.own {
+		t.pool.p = offload.NewPool(threads)
 	}
 	var ext []zero.Extent
 	for _, x := range t.layout.Extents() {
 		ext = append(ext, zero.Extent{Off: x.Off, Size: x.Size, Row: x.Row})
 	}
-	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.params[frozen:], Format: t.format, Comm: t.comm, Pool: t.pool, Accum: cfg.Accum, Extents: ext})
+	eng, err := zero.NewEngine(zero.Options{Config: s.Zero, Optimizer: s.Optimizer, Params: t.w.params[frozen:], Format: t.spec.format, Comm: t.group.comm, Pool: t.pool.p, Accum: cfg.Accum, Extents: ext})
 	if err != nil {
-		if t.ownPool {
-			t.pool.Close()
+		if t.pool.own {
+			t.pool.p.Close()
 		}
 		return nil, err
 	}
 	t.eng = eng
-	t.batch = data.NewBatch(cfg.MicroBatch, t.train.SampleSize())
-	t.evalBatch = data.NewBatch(cfg.EvalBatch, t.test.SampleSize())
-	if t.val != nil && t.val.SampleSize() != t.test.SampleSize() {
+	t.data.batch = data.NewBatch(cfg.MicroBatch, t.data.train.SampleSize())
+	t.data.evalBatch = data.NewBatch(cfg.EvalBatch, t.data.test.SampleSize())
+	if t.data.val != nil && t.data.val.SampleSize() != t.data.test.SampleSize() {
 		t.Close()
-		return nil, fmt.Errorf("trainer: validation samples hold %d values, test samples %d", t.val.SampleSize(), t.test.SampleSize())
+		return nil, fmt.Errorf("trainer: validation samples hold %d values, test samples %d", t.data.val.SampleSize(), t.data.test.SampleSize())
 	}
-	t.perm = make([]int32, t.train.N)
+	t.data.perm = make([]int32, t.data.train.N)
 
-	if s.Checkpoint.Dir != "" && t.rank == 0 { // rank 0 writes checkpoints for the group
-		if t.ckpt, err = checkpoint.NewManager(s.Checkpoint.Dir, s.Checkpoint.Keep); err != nil {
+	if s.Checkpoint.Dir != "" && t.group.rank == 0 { // rank 0 writes checkpoints for the group
+		if t.ckpt.mgr, err = checkpoint.NewManager(s.Checkpoint.Dir, s.Checkpoint.Keep); err != nil {
 			t.Close()
 			return nil, fmt.Errorf("checkpoint: %w", err)
 		}
@@ -361,13 +310,13 @@ func New(s Setup) (*Trainer, error) {
 			return nil, fmt.Errorf("checkpoint.dir: %w", err)
 		}
 	}
-	if s.Resume != nil && t.rank == 0 { // the others receive rank 0's state when Run starts
+	if s.Resume != nil && t.group.rank == 0 { // the others receive rank 0's state when Run starts
 		if err := t.restore(s.Resume); err != nil {
 			t.Close()
 			return nil, err
 		}
 	}
-	if err := t.enableDeviceStep(); err != nil {
+	if t.stepper, err = newStepEngine(t.model, stepEnv{eng: t.eng, spec: &t.spec, group: &t.group, log: t.log}); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -422,14 +371,13 @@ func CheckDir(dir string, need int64) error {
 // Close stops the optimizer's and the pool's goroutines; safe to call twice.
 func (t *Trainer) Close() error {
 	t.closePrefetch()
-	t.initialBlock.Free()
-	t.initialBlock, t.initial = nil, nil
+	t.w.releaseInitial()
 	if t.eng != nil {
 		t.eng.Close()
 	}
 
-	if t.pool != nil && t.ownPool {
-		t.pool.Close()
+	if t.pool.p != nil && t.pool.own {
+		t.pool.p.Close()
 	}
 	return nil
 }
@@ -438,7 +386,7 @@ func (t *Trainer) Close() error {
 // (one worker, stage 0, or fp32, where the gathered parameters are the master); nil
 // otherwise, where FullMaster gathers them.
 func (t *Trainer) Master() []float32 {
-	if t.format == half.FP32 || t.zeroCfg.Stage == 0 || t.world == 1 {
+	if t.spec.format == half.FP32 || t.spec.zero.Stage == 0 || t.group.world == 1 {
 		m, _ := t.eng.FullMaster(context.Background()) // no collective in these cases
 		return m
 	}
@@ -453,16 +401,16 @@ func (t *Trainer) FullMaster(ctx context.Context) ([]float32, error) { return t.
 func (t *Trainer) Memory() zero.Memory { return t.eng.Memory() }
 
 // Step returns the number of global steps completed.
-func (t *Trainer) Step() int64 { return t.step }
+func (t *Trainer) Step() int64 { return t.pos.step }
 
 // GlobalBatch is micro-batch × accumulation × world size.
-func (t *Trainer) GlobalBatch() int { return t.global }
+func (t *Trainer) GlobalBatch() int { return t.spec.global }
 
 // StepsPerEpoch is the number of optimizer steps in one epoch (the last partial batch is dropped).
-func (t *Trainer) StepsPerEpoch() int { return t.stepsPerEpoch }
+func (t *Trainer) StepsPerEpoch() int { return t.spec.stepsPerEpoch }
 
 // TotalSteps is the number of steps the run will take.
-func (t *Trainer) TotalSteps() int64 { return t.totalSteps }
+func (t *Trainer) TotalSteps() int64 { return t.spec.totalSteps }
 
 // Run trains until the configured epochs or max_steps are done, or ctx is cancelled. On
 // cancellation it finishes the step in flight, writes a checkpoint and returns ctx's error
@@ -482,28 +430,28 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 	// the step and save together); Abort cancels it when a peer is known to be lost.
 	cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-	t.setAbort(cancel)
-	defer t.setAbort(nil)
+	t.abort.set(cancel)
+	defer t.abort.set(nil)
 	defer t.stopPrefetch() // no producer outlives Run
 
 	if err := t.syncFromRank0(cctx); err != nil {
 		return res, t.abortCause(cctx, err)
 	}
-	if err := t.pushDevice(); err != nil {
+	if err := t.stepper.PushState(); err != nil {
 		return res, err
 	}
 	t.log.Info("training",
 		zap.Int("params", t.layout.NumParams()), zap.Int("micro_batch", t.cfg.MicroBatch), zap.Int("accum", t.cfg.Accum),
-		zap.Int("world", t.world), zap.Int("global_batch", t.global), zap.Int("steps_per_epoch", t.stepsPerEpoch),
-		zap.Int64("total_steps", t.totalSteps), zap.String("precision", t.format.String()), zap.String("optimizer", t.optCfg.Type),
-		zap.Int64("start_step", t.step), zap.Int("zero_stage", t.zeroCfg.Stage), zap.Bool("offload", t.eng.Offloaded()))
-	if bs := t.eng.ReduceBuckets(); t.dev == nil {
+		zap.Int("world", t.group.world), zap.Int("global_batch", t.spec.global), zap.Int("steps_per_epoch", t.spec.stepsPerEpoch),
+		zap.Int64("total_steps", t.spec.totalSteps), zap.String("precision", t.spec.format.String()), zap.String("optimizer", t.spec.opt.Type),
+		zap.Int64("start_step", t.pos.step), zap.Int("zero_stage", t.spec.zero.Stage), zap.Bool("offload", t.eng.Offloaded()))
+	if bs := t.stepper.Buckets(); bs != nil {
 		largest := 0
 		for _, b := range bs {
 			largest = max(largest, b.Hi-b.Lo)
 		}
 		how := "sized from the model and the world"
-		if t.zeroCfg.ReduceBucketSize > 0 {
+		if t.spec.zero.ReduceBucketSize > 0 {
 			how = "zero_optimization.reduce_bucket_size"
 		}
 		t.log.Info("gradient buckets", zap.Int("buckets", len(bs)), zap.Int("largest_elements", largest), zap.String("chosen", how),
@@ -511,24 +459,24 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 	}
 	t.logMemory()
 	defer func() {
-		if t.progress != nil {
-			t.progress.Done()
+		if t.out.progress != nil {
+			t.out.progress.Done()
 		}
 	}()
-	if t.step > 0 && !(t.epoch < t.cfg.Epochs && t.step < t.totalSteps) {
+	if t.pos.step > 0 && !(t.pos.epoch < t.cfg.Epochs && t.pos.step < t.spec.totalSteps) {
 		res.AlreadyFinished = true
 		t.log.Info("nothing to train: the run resumed at or past its last step",
-			zap.Int64("step", t.step), zap.Int64("total_steps", t.totalSteps), zap.Int("epochs", t.cfg.Epochs))
+			zap.Int64("step", t.pos.step), zap.Int64("total_steps", t.spec.totalSteps), zap.Int("epochs", t.cfg.Epochs))
 	}
-	for t.epoch < t.cfg.Epochs && t.step < t.totalSteps {
-		epochStart := t.clock.Now()
-		t.stopPrefetch() // its producer may read t.perm
-		data.Permutation(t.perm, t.seed, t.epoch)
-		for t.offset+t.global <= len(t.perm) && t.step < t.totalSteps {
-			if t.world == 1 && t.sinkErr != nil {
+	for t.pos.epoch < t.cfg.Epochs && t.pos.step < t.spec.totalSteps {
+		epochStart := t.out.clock.Now()
+		t.stopPrefetch() // its producer may read t.data.perm
+		data.Permutation(t.data.perm, t.spec.seed, t.pos.epoch)
+		for t.pos.offset+t.spec.global <= len(t.data.perm) && t.pos.step < t.spec.totalSteps {
+			if t.group.world == 1 && t.out.sinkErr != nil {
 				return t.stopOnSinkError(cctx, res)
 			}
-			if t.world == 1 && ctx.Err() != nil {
+			if t.group.world == 1 && ctx.Err() != nil {
 				// Alone, stop before starting another step; a group agrees on stopping
 				// through the step's loss all-reduce instead.
 				return t.interrupt(cctx, res, context.Cause(ctx))
@@ -537,7 +485,7 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 			if err != nil {
 				return res, t.abortCause(cctx, err)
 			}
-			if t.sinkErr != nil && (stop || t.world == 1) {
+			if t.out.sinkErr != nil && (stop || t.group.world == 1) {
 				return t.stopOnSinkError(cctx, res)
 			}
 			if stop {
@@ -548,38 +496,38 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 				}
 				return t.interrupt(cctx, res, cause)
 			}
-			if t.ckptEnabled() && t.ckptCfg.EverySteps > 0 && t.step%int64(t.ckptCfg.EverySteps) == 0 {
+			if t.ckpt.enabled() && t.ckpt.cfg.EverySteps > 0 && t.pos.step%int64(t.ckpt.cfg.EverySteps) == 0 {
 				if err := t.save(cctx); err != nil {
 					return res, t.abortCause(cctx, err)
 				}
 			}
 		}
-		epochDone := t.offset+t.global > len(t.perm)
+		epochDone := t.pos.offset+t.spec.global > len(t.data.perm)
 		if err := t.evaluate(cctx, &res); err != nil {
 			return res, t.abortCause(cctx, err)
 		}
 		if epochDone {
-			res.EpochSeconds = append(res.EpochSeconds, t.clock.Now().Sub(epochStart).Seconds())
-			t.epoch++
-			t.offset = 0
+			res.EpochSeconds = append(res.EpochSeconds, t.out.clock.Now().Sub(epochStart).Seconds())
+			t.pos.epoch++
+			t.pos.offset = 0
 		}
 	}
-	if t.val != nil && !res.AlreadyFinished {
+	if t.data.val != nil && !res.AlreadyFinished {
 		// The epochs evaluated the validation split; the test split is seen once, now.
 		if err := t.evaluateTest(cctx, &res); err != nil {
 			return res, t.abortCause(cctx, err)
 		}
 	}
-	if t.ckptEnabled() && t.ckptStep != t.step {
+	if t.ckpt.enabled() && t.ckpt.step != t.pos.step {
 		if err := t.save(cctx); err != nil {
 			return res, t.abortCause(cctx, err)
 		}
 	}
-	if err := t.pullDevice(); err != nil {
+	if err := t.stepper.PullState(); err != nil {
 		return res, err
 	}
 	t.fill(&res)
-	return res, t.sinkErr
+	return res, t.out.sinkErr
 }
 
 // ErrStopRequested is Run's error when another rank of the group was asked to stop before
@@ -589,24 +537,7 @@ var ErrStopRequested = errors.New("trainer: another rank of the group was asked 
 // Abort fails the run's collectives at once with err — used when failure detection (gossip)
 // learns that a peer is gone, so ranks do not wait out the collective timeout. Safe to call
 // from any goroutine, before, during or after Run.
-func (t *Trainer) Abort(err error) {
-	t.abortMu.Lock()
-	defer t.abortMu.Unlock()
-	if t.abort != nil {
-		t.abort(err)
-	} else {
-		t.pendingAbort = err
-	}
-}
-
-func (t *Trainer) setAbort(f context.CancelCauseFunc) {
-	t.abortMu.Lock()
-	defer t.abortMu.Unlock()
-	t.abort = f
-	if f != nil && t.pendingAbort != nil {
-		f(t.pendingAbort)
-	}
-}
+func (t *Trainer) Abort(err error) { t.abort.abort(err) }
 
 // abortCause prefers the reason the run was aborted (e.g. "rank 2 failed") over the
 // collective's own error (which would then only say the context was cancelled).
@@ -617,23 +548,21 @@ func (t *Trainer) abortCause(cctx context.Context, err error) error {
 	return err
 }
 
-func (t *Trainer) ckptEnabled() bool { return t.ckptCfg.Dir != "" }
-
 // fill completes the result of a run that stopped at a step boundary with its weights on
 // the host.
 func (t *Trainer) fill(res *Result) {
 	t.fillCounts(res)
-	res.WeightsSHA256 = weightsHash(t.params)
+	res.WeightsSHA256 = weightsHash(t.w.params)
 }
 
 // fillCounts records how far the run got, which holds whatever state it failed in.
 func (t *Trainer) fillCounts(res *Result) {
-	res.Steps = t.step
-	res.TotalSteps = t.totalSteps
+	res.Steps = t.pos.step
+	res.TotalSteps = t.spec.totalSteps
 	res.OptimizerSteps = t.eng.Optimizer().Steps()
-	res.Skipped = t.skipped
+	res.Skipped = t.pos.skipped
 	res.Epoch = t.fracEpoch()
-	res.Checkpoint = t.lastCkpt
+	res.Checkpoint = t.ckpt.last
 	res.SkippedMicroBatches = t.adapt.skipped
 	res.MicroBatch, res.Accum = t.cfg.MicroBatch, t.cfg.Accum
 }
@@ -654,17 +583,17 @@ func weightsHash(p []float32) string {
 }
 
 func (t *Trainer) fracEpoch() float64 {
-	return float64(t.epoch) + float64(t.offset)/float64(t.stepsPerEpoch*t.global)
+	return t.pos.fracEpoch(t.spec)
 }
 
 func (t *Trainer) interrupt(cctx context.Context, res Result, cause error) (Result, error) {
-	t.log.Warn("interrupted; saving a checkpoint at the step boundary", zap.Int64("step", t.step))
-	if t.ckptEnabled() && t.ckptStep != t.step {
+	t.log.Warn("interrupted; saving a checkpoint at the step boundary", zap.Int64("step", t.pos.step))
+	if t.ckpt.enabled() && t.ckpt.step != t.pos.step {
 		if err := t.save(cctx); err != nil {
 			return res, errors.Join(cause, err)
 		}
 	}
-	if err := t.pullDevice(); err != nil {
+	if err := t.stepper.PullState(); err != nil {
 		return res, errors.Join(cause, err)
 	}
 	t.fill(&res)
@@ -678,25 +607,25 @@ var errPeerSink = errors.New("trainer: another rank of the group failed to write
 // sinkFailed records the first failed metrics write: logged at once (the sink's error names
 // the file), it stops the run at the next step boundary.
 func (t *Trainer) sinkFailed(err error) {
-	if t.sinkErr != nil {
+	if t.out.sinkErr != nil {
 		return
 	}
-	t.sinkErr = err
-	t.log.Error("writing the run's records failed: stopping at the step boundary with a checkpoint", zap.Int64("step", t.step), zap.Error(err))
+	t.out.sinkErr = err
+	t.log.Error("writing the run's records failed: stopping at the step boundary with a checkpoint", zap.Int64("step", t.pos.step), zap.Error(err))
 }
 
 // stopOnSinkError ends a run whose metrics could not be written as an interrupt does (a
 // checkpoint at the step boundary), but as a failure.
 func (t *Trainer) stopOnSinkError(cctx context.Context, res Result) (Result, error) {
-	if t.ckptEnabled() && t.ckptStep != t.step {
-		t.log.Warn("saving a checkpoint at the step boundary before failing", zap.Int64("step", t.step))
+	if t.ckpt.enabled() && t.ckpt.step != t.pos.step {
+		t.log.Warn("saving a checkpoint at the step boundary before failing", zap.Int64("step", t.pos.step))
 		if err := t.save(cctx); err != nil {
-			return res, errors.Join(t.sinkErr, err)
+			return res, errors.Join(t.out.sinkErr, err)
 		}
 	}
-	if err := t.pullDevice(); err != nil {
-		return res, errors.Join(t.sinkErr, err)
+	if err := t.stepper.PullState(); err != nil {
+		return res, errors.Join(t.out.sinkErr, err)
 	}
 	t.fill(&res)
-	return res, t.sinkErr
+	return res, t.out.sinkErr
 }

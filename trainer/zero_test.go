@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/qvd/qvd/zero"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/qvd/qvd/checkpoint/sharded"
+	"github.com/qvd/qvd/zero"
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/internal/metrics"
@@ -107,8 +109,8 @@ func TestZeroEquivalence(t *testing.T) {
 							t.Fatal(errors.Join(errs...))
 						}
 						ms := fullMasters(t, trainers)
-						if trainers[0].skipped != 0 {
-							t.Fatalf("%d fp16 overflow steps", trainers[0].skipped)
+						if trainers[0].pos.skipped != 0 {
+							t.Fatalf("%d fp16 overflow steps", trainers[0].pos.skipped)
 						}
 						for r := 1; r < n; r++ {
 							if d, at := maxAbsDiff(ms[0], ms[r]); d != 0 {
@@ -225,7 +227,7 @@ func TestZeroOffloadPlacement(t *testing.T) {
 
 // interruptedCheckpoint runs r as a group of n, interrupts it after step 3 (it saves at the
 // step boundary), and returns the checkpoint and its meta.
-func interruptedCheckpoint(t *testing.T, r testRun, n int) (*checkpoint.Checkpoint, Meta) {
+func interruptedCheckpoint(t *testing.T, r testRun, n int) (*checkpoint.Checkpoint, sharded.Meta) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	sinks := make([]MetricsSink, n)
@@ -242,7 +244,7 @@ func interruptedCheckpoint(t *testing.T, r testRun, n int) (*checkpoint.Checkpoi
 	if err != nil {
 		t.Fatal(err)
 	}
-	var meta Meta
+	var meta sharded.Meta
 	if err := ck.Meta(&meta); err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +271,7 @@ func TestZeroReshardResume(t *testing.T) {
 	saver := at(4, zeroCase{2, false})
 	full, _ := saver.group(t, 4, nil, nil)
 	rec := &recorder{}
-	full[0].metrics = rec
+	full[0].out.metrics = rec
 	if _, errs := runAll(context.Background(), full); errors.Join(errs...) != nil {
 		t.Fatal(errors.Join(errs...))
 	}
@@ -291,7 +293,7 @@ func TestZeroReshardResume(t *testing.T) {
 			r := at(c.n, c.z)
 			rec := &recorder{}
 			ts, _ := r.group(t, c.n, nil, ck)
-			ts[0].metrics = rec
+			ts[0].out.metrics = rec
 			if _, errs := runAll(context.Background(), ts); errors.Join(errs...) != nil {
 				t.Fatal(errors.Join(errs...))
 			}

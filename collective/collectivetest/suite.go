@@ -1,6 +1,7 @@
 package collectivetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,13 +34,17 @@ const bigLen = 3<<20/4 + 13
 
 var (
 	wires = []half.Format{half.FP32, half.FP16, half.BF16}
-	ops   = []collective.Op{collective.Sum, collective.Avg, collective.Max}
+	// ops are the float reductions; Min is last so that ops[:3] (testSequential's draws)
+	// stays the set it always was.
+	ops = []collective.Op{collective.Sum, collective.Avg, collective.Max, collective.Min}
 )
 
 // Run runs the functional cases for groups of 1 to 5 ranks: AllReduce, ReduceScatter (even,
-// uneven and empty shards), AllGather, Broadcast from every root, Barrier, concurrent tagged
-// calls, sequential untagged calls, and mismatched calls between ranks (an error, not a hang
-// or a panic). It also checks that no goroutine outlives the groups.
+// uneven and empty shards), AllGather, Broadcast from every root, the typed AllReduceInt64
+// (exact beyond 2^53 and for negatives) and BroadcastBytes (every root, odd and zero
+// lengths), Barrier, concurrent tagged calls, sequential untagged calls (float and typed
+// mixed), and mismatched calls between ranks (an error, not a hang or a panic). It also
+// checks that no goroutine outlives the groups.
 func Run(t *testing.T, f Factory) { RunSizes(t, f, 1, 2, 3, 4, 5) }
 
 // RunSizes is Run for groups of the given sizes only, for an implementation that cannot make
@@ -63,6 +68,10 @@ func RunSizes(t *testing.T, f Factory, sizes ...int) {
 			t.Run("ReduceScatter", g.testReduceScatter)
 			t.Run("AllGather", g.testAllGather)
 			t.Run("Broadcast", g.testBroadcast)
+			t.Run("AllReduceInt64", g.testAllReduceInt64)
+			t.Run("BroadcastBytes", g.testBroadcastBytes)
+			t.Run("TypedInvalid", g.testTypedInvalid)
+			t.Run("SequentialTyped", g.testSequentialTyped)
 			t.Run("Barrier", g.testBarrier)
 			t.Run("Concurrent", g.testConcurrent)
 			t.Run("Sequential", g.testSequential)
@@ -201,7 +210,7 @@ func unit(w half.Format) float64 {
 }
 
 // reference is the expected reduction of in[*][i] for i in [lo, hi), with its tolerance:
-// exact for fp32 and for Max (the rounded maximum), within (n+1) roundings of the format for
+// exact for fp32 and for Max and Min (the rounded extreme), within (n+1) roundings of the format for
 // 16-bit sums (each partial sum is rounded once when sent, the result once by its owner).
 // A group of one leaves the data untouched.
 type reference struct {
@@ -222,6 +231,12 @@ func newReference(in [][]float32, length int, wire half.Format, op collective.Op
 			m := in[0][i]
 			for r := 1; r < n; r++ {
 				m = max(m, in[r][i])
+			}
+			want = float64(wire.Round(m))
+		case op == collective.Min:
+			m := in[0][i]
+			for r := 1; r < n; r++ {
+				m = min(m, in[r][i])
 			}
 			want = float64(wire.Round(m))
 		default:
@@ -443,6 +458,228 @@ func (g *group) testBroadcast(t *testing.T) {
 				for r := range g.n {
 					checkCopied(t, fmt.Sprintf("%s rank %d", name, r), bufs[r], src, 0, length, wire, g.n)
 				}
+			}
+		}
+	}
+}
+
+// bigInt64Len is a few MiB of int64s (odd), which spans many pieces.
+const bigInt64Len = 3<<20/8 + 5
+
+// fillInt64 writes values no float type carries exactly: spread over ±2^60 (beyond 2^53,
+// negative half the time), with the edges of the exact float range at the start.
+func fillInt64(rng *rand.Rand, x []int64) {
+	edges := []int64{1<<53 + 1, -(1<<53 + 1), math.MaxInt64 / 8, math.MinInt64 / 8, -1}
+	for i := range x {
+		if i < len(edges) {
+			x[i] = edges[i] + int64(rng.IntN(3))
+			continue
+		}
+		x[i] = int64(rng.Uint64()) >> 3
+	}
+}
+
+// refInt64 is the exact reduction of in[*][i].
+func refInt64(in [][]int64, i int, op collective.Op) int64 {
+	acc := in[0][i]
+	for r := 1; r < len(in); r++ {
+		switch op {
+		case collective.Max:
+			acc = max(acc, in[r][i])
+		case collective.Min:
+			acc = min(acc, in[r][i])
+		default:
+			acc += in[r][i]
+		}
+	}
+	return acc
+}
+
+func (g *group) testAllReduceInt64(t *testing.T) {
+	for _, length := range []int{0, 1, 2, 7, g.n + 1, 1001, bigInt64Len} {
+		for _, op := range []collective.Op{collective.Sum, collective.Max, collective.Min} {
+			if length == bigInt64Len && op != collective.Sum {
+				continue
+			}
+			name := fmt.Sprintf("len=%d/%v", length, op)
+			rng := newRand(8, uint64(g.n), uint64(length), uint64(op))
+			in, bufs := make([][]int64, g.n), make([][]int64, g.n)
+			for r := range g.n {
+				in[r] = make([]int64, length)
+				fillInt64(rng, in[r])
+				bufs[r] = slices.Clone(in[r])
+			}
+			if !g.run(t, name, func(ctx context.Context, r int, c collective.Communicator) error {
+				return c.AllReduceInt64(ctx, bufs[r], op)
+			}) {
+				continue
+			}
+			for r := range g.n {
+				bad := 0
+				for i := range length {
+					if want := refInt64(in, i, op); bufs[r][i] != want {
+						if bad++; bad <= 5 {
+							t.Errorf("%s rank %d: element %d = %d, want %d", name, r, i, bufs[r][i], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func (g *group) testBroadcastBytes(t *testing.T) {
+	for _, length := range []int{0, 1, 3, 7, 128, 1001, 1<<20 + 3} {
+		for root := range g.n {
+			if length > 1001 && root != g.n-1 {
+				continue
+			}
+			name := fmt.Sprintf("len=%d/root=%d", length, root)
+			rng := newRand(9, uint64(g.n), uint64(length), uint64(root))
+			src := make([]byte, length)
+			for i := range src {
+				src[i] = byte(rng.Uint32())
+			}
+			bufs := make([][]byte, g.n)
+			for r := range g.n {
+				bufs[r] = bytes.Repeat([]byte{0xa5}, length)
+			}
+			copy(bufs[root], src)
+			if !g.run(t, name, func(ctx context.Context, r int, c collective.Communicator) error {
+				return c.BroadcastBytes(ctx, bufs[r], root)
+			}) {
+				continue
+			}
+			for r := range g.n {
+				if i := firstDiff(bufs[r], src); i >= 0 {
+					t.Errorf("%s rank %d: byte %d = %#x, want %#x", name, r, i, bufs[r][i], src[i])
+				}
+			}
+		}
+	}
+}
+
+// firstDiff is the first index where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// testTypedInvalid makes every rank pass the same invalid typed call — an average of
+// int64s, a broadcast root outside the group — which must fail on every rank with an error
+// naming the fault, and leave the group usable.
+func (g *group) testTypedInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		call       func(ctx context.Context, c collective.Communicator) error
+	}{
+		{"int64-avg", "avg", func(ctx context.Context, c collective.Communicator) error {
+			return c.AllReduceInt64(ctx, make([]int64, 8), collective.Avg)
+		}},
+		{"bytes-root", "root", func(ctx context.Context, c collective.Communicator) error {
+			return c.BroadcastBytes(ctx, make([]byte, 8), g.n)
+		}},
+	} {
+		errs := all(t, g.comms, func(ctx context.Context, r int, c collective.Communicator) error { return tc.call(ctx, c) })
+		for r, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: rank %d: %v, want an error naming the %s", tc.name, r, err, tc.want)
+			}
+		}
+		v := make([][]int64, g.n)
+		g.run(t, tc.name+" then a valid call", func(ctx context.Context, r int, c collective.Communicator) error {
+			v[r] = []int64{int64(r), -1 << 60}
+			return c.AllReduceInt64(ctx, v[r], collective.Max)
+		})
+		for r := range g.n {
+			if len(v[r]) == 2 && (v[r][0] != int64(g.n-1) || v[r][1] != -1<<60) {
+				t.Errorf("%s then a valid call: rank %d got %v", tc.name, r, v[r])
+			}
+		}
+	}
+}
+
+// testSequentialTyped makes a run of untagged calls, typed and float mixed, one after
+// another on each rank without synchronisation, as trainers do (a counter all-reduce, a flag,
+// a gradient all-reduce, an id broadcast).
+func (g *group) testSequentialTyped(t *testing.T) {
+	const count = 30
+	ints := make([][][]int64, count) // [call][rank]
+	raw := make([][][]byte, count)
+	flts := make([][][]float32, count)
+	var fin [count][][]float32
+	for i := range count {
+		rng := newRand(10, uint64(g.n), uint64(i))
+		ints[i], raw[i], flts[i] = make([][]int64, g.n), make([][]byte, g.n), make([][]float32, g.n)
+		fin[i] = make([][]float32, g.n)
+		for r := range g.n {
+			ints[i][r] = make([]int64, 1+i%4)
+			fillInt64(rng, ints[i][r])
+			raw[i][r] = make([]byte, 3+i)
+			if r == i%g.n {
+				for k := range raw[i][r] {
+					raw[i][r][k] = byte(rng.Uint32())
+				}
+			}
+			fin[i][r] = make([]float32, 5+7*i)
+			fill(rng, fin[i][r], half.FP32)
+			flts[i][r] = slices.Clone(fin[i][r])
+		}
+	}
+	inInts := make([][][]int64, count)
+	for i := range count {
+		inInts[i] = make([][]int64, g.n)
+		for r := range g.n {
+			inInts[i][r] = slices.Clone(ints[i][r])
+		}
+	}
+	srcRaw := make([][]byte, count)
+	for i := range count {
+		srcRaw[i] = slices.Clone(raw[i][i%g.n])
+	}
+	intOps := []collective.Op{collective.Sum, collective.Max, collective.Min}
+	if !g.run(t, "sequential typed", func(ctx context.Context, r int, c collective.Communicator) error {
+		for i := range count {
+			var err error
+			switch i % 3 {
+			case 0:
+				err = c.AllReduceInt64(ctx, ints[i][r], intOps[i%len(intOps)])
+			case 1:
+				err = c.BroadcastBytes(ctx, raw[i][r], i%g.n)
+			case 2:
+				err = c.AllReduce(ctx, flts[i][r], collective.Sum, collective.Call{})
+			}
+			if err != nil {
+				return fmt.Errorf("call %d: %w", i, err)
+			}
+		}
+		return nil
+	}) {
+		return
+	}
+	for i := range count {
+		for r := range g.n {
+			what := fmt.Sprintf("call %d rank %d", i, r)
+			switch i % 3 {
+			case 0:
+				for k, got := range ints[i][r] {
+					if want := refInt64(inInts[i], k, intOps[i%len(intOps)]); got != want {
+						t.Errorf("%s: element %d = %d, want %d", what, k, got, want)
+					}
+				}
+			case 1:
+				if k := firstDiff(raw[i][r], srcRaw[i]); k >= 0 {
+					t.Errorf("%s: byte %d differs from the root's", what, k)
+				}
+			case 2:
+				newReference(fin[i], len(fin[i][r]), half.FP32, collective.Sum).check(t, what, flts[i][r], 0, len(fin[i][r]))
 			}
 		}
 	}
@@ -671,6 +908,26 @@ func testMismatch(t *testing.T, f Factory, n int) {
 				return c.Broadcast(ctx, make([]float32, 64), 0, collective.Call{})
 			}
 			return c.AllReduce(ctx, make([]float32, 64), collective.Sum, collective.Call{})
+		}},
+		{"int64-length", func(ctx context.Context, r int, c collective.Communicator) error {
+			length := 9
+			if r == n-1 {
+				length = 8
+			}
+			return c.AllReduceInt64(ctx, make([]int64, length), collective.Sum)
+		}},
+		{"int64-vs-float", func(ctx context.Context, r int, c collective.Communicator) error {
+			if r == 0 {
+				return c.AllReduceInt64(ctx, make([]int64, 32), collective.Sum)
+			}
+			return c.AllReduce(ctx, make([]float32, 64), collective.Sum, collective.Call{})
+		}},
+		{"bytes-length", func(ctx context.Context, r int, c collective.Communicator) error {
+			length := 33
+			if r == 1 {
+				length = 0
+			}
+			return c.BroadcastBytes(ctx, make([]byte, length), 0)
 		}},
 	}
 	for _, tc := range cases {

@@ -30,8 +30,8 @@
 // Zero copy, and when the caller's payload is free again. Send lends gRPC the caller's
 // payload (payloads of 32 KiB and less are copied, which costs less than the bookkeeping).
 // gRPC's SendMsg returns while the frame is still queued for the connection's writer
-// goroutine, so returning then would let the caller overwrite bytes not yet sent — the
-// hazard recorded in shared/notes/grpc-throughput.md, and what TestPayloadReuseAfterSend
+// goroutine, so returning then would let the caller overwrite bytes not yet sent — a hazard
+// seen in measurements (corrupt sums with GOMAXPROCS=1), and what TestPayloadReuseAfterSend
 // catches. Instead the payload is handed to gRPC as a mem.Buffer whose pool is the send slot
 // itself: gRPC calls its Put when the writer has copied the last byte into the connection's
 // write buffer (or dropped the frame), and only then does Send return. The alternative,

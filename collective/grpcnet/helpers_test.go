@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/qvd/qvd/collective"
-	"github.com/qvd/qvd/internal/half"
 )
 
 // testTuning shortens the timings so that failures show in well under a second or two.
@@ -141,7 +140,7 @@ func tcpNodes(t testing.TB, tune tuning, n int, extra ...grpc.ServerOption) []*n
 // dataHeader describes a frame of n payload bytes from src: fp32 data when n is a multiple
 // of 4, else an abort frame (any length).
 func dataHeader(src, n int, tag uint64, piece uint32) collective.Header {
-	h := collective.Header{Kind: collective.KindData, DType: half.FP32, Op: collective.OpAllReduce,
+	h := collective.Header{Kind: collective.KindData, DType: collective.DTypeFP32, Op: collective.OpAllReduce,
 		Src: uint16(src), Tag: tag, Piece: piece, Count: uint32(n / 4), Length: uint32(n)}
 	if n%4 != 0 {
 		h = collective.Header{Kind: collective.KindAbort, Src: uint16(src), Tag: tag, Piece: piece, Length: uint32(n)}

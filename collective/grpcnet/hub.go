@@ -65,13 +65,11 @@ type Hub struct {
 	closed chan struct{}
 	wg     sync.WaitGroup // stream readers
 
+	jobs collective.Jobs[*transport] // the transports made here, by job
+
 	mu struct {
 		sync.Mutex
 		closed bool
-		groups map[string]*transport
-		// changed is closed and replaced whenever a job registers, waking streams that
-		// arrived before their job did.
-		changed chan struct{}
 	}
 }
 
@@ -82,8 +80,6 @@ func NewHub(server grpc.ServiceRegistrar, log *zap.Logger) *Hub {
 		log = zap.NewNop()
 	}
 	h := &Hub{log: log, lim: lograte.New(refusalBurst, refusalEvery), tune: defaultTuning, closed: make(chan struct{})}
-	h.mu.groups = make(map[string]*transport)
-	h.mu.changed = make(chan struct{})
 	server.RegisterService(&framesDesc, h)
 	return h
 }
@@ -99,12 +95,8 @@ func (h *Hub) Close() error {
 	}
 	h.mu.closed = true
 	close(h.closed)
-	ts := make([]*transport, 0, len(h.mu.groups))
-	for _, t := range h.mu.groups {
-		ts = append(ts, t)
-	}
 	h.mu.Unlock()
-	for _, t := range ts {
+	for _, t := range h.jobs.Close() {
 		_ = t.Close()
 	}
 	h.wg.Wait()
@@ -119,42 +111,32 @@ func (h *Hub) Transport(ctx context.Context, g Group) (collective.Transport, err
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("grpcnet: transport for job %q: %w", g.Job, err)
 	}
-	if err := g.validate(); err != nil {
+	if err := g.Roster().Validate(); err != nil {
 		return nil, fmt.Errorf("grpcnet: transport for job %q: %w", g.Job, err)
 	}
 	t := newTransport(h, g)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.mu.closed {
-		return nil, fmt.Errorf("grpcnet: transport for job %q: %w", g.Job, collective.ErrClosed)
+	// Registering wakes the streams that arrived before this job did.
+	if err := h.jobs.Register(g.Job, t); err != nil {
+		return nil, fmt.Errorf("grpcnet: transport for job %q on this hub: %w", g.Job, err)
 	}
-	if _, dup := h.mu.groups[g.Job]; dup {
-		return nil, fmt.Errorf("grpcnet: job %q already has a transport on this hub", g.Job)
-	}
-	h.mu.groups[g.Job] = t
-	close(h.mu.changed)
-	h.mu.changed = make(chan struct{})
 	return t, nil
 }
 
-func (h *Hub) unregister(t *transport) {
-	h.mu.Lock()
-	if h.mu.groups[t.job] == t {
-		delete(h.mu.groups, t.job)
-	}
-	h.mu.Unlock()
-}
+func (h *Hub) unregister(t *transport) { h.jobs.Unregister(t.job, t) }
 
 // lookup returns the transport of job, waiting until deadline fires for it to register.
 func (h *Hub) lookup(job string, deadline <-chan time.Time) (*transport, error) {
 	for {
-		h.mu.Lock()
-		t, closed, changed := h.mu.groups[job], h.mu.closed, h.mu.changed
-		h.mu.Unlock()
+		t, ok, closed, changed := h.jobs.Get(job)
+		select {
+		case <-h.closed: // the Hub closes before its registry does
+			closed = true
+		default:
+		}
 		switch {
 		case closed:
 			return nil, status.Error(codes.Unavailable, "grpcnet: hub closed")
-		case t != nil:
+		case ok:
 			return t, nil
 		}
 		select {

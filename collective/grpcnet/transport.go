@@ -17,7 +17,8 @@ import (
 	"github.com/qvd/qvd/collective"
 )
 
-// Group describes one group of ranks (a training job) once the roster is known.
+// Group describes one group of ranks (a training job) once the roster is known. Job, Rank,
+// Addrs (the ranks' gRPC addresses) and Secret are a collective.Roster's, validated as one.
 type Group struct {
 	Job    string   // job id; part of the authentication
 	Rank   int      // this process's rank
@@ -32,26 +33,9 @@ type Group struct {
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
-// maxGroup: hellos and frame headers carry ranks as uint16.
-const maxGroup = 1 << 16
-
-func (g Group) validate() error {
-	switch {
-	case g.Job == "":
-		return errors.New("job: must not be empty")
-	case len(g.Addrs) == 0 || len(g.Addrs) > maxGroup:
-		return fmt.Errorf("addrs: must list 1 to %d ranks, got %d", maxGroup, len(g.Addrs))
-	case g.Rank < 0 || g.Rank >= len(g.Addrs):
-		return fmt.Errorf("rank: must be in [0, %d), got %d", len(g.Addrs), g.Rank)
-	case len(g.Secret) == 0:
-		return errors.New("secret: must not be empty")
-	}
-	for r, a := range g.Addrs {
-		if a == "" && r != g.Rank {
-			return fmt.Errorf("addrs[%d]: empty address", r)
-		}
-	}
-	return nil
+// Roster is the group's roster part.
+func (g Group) Roster() collective.Roster {
+	return collective.Roster{Job: g.Job, Rank: g.Rank, Addrs: g.Addrs, Secret: g.Secret}
 }
 
 // inQueue and inQueueBytes bound the received frames that may wait for Recv per peer: at

@@ -388,6 +388,78 @@ func (c *Comm) Broadcast(ctx context.Context, buf []float32, root int, cl collec
 	return c.host(ctx, kindBroadcast, buf, nil, collective.Sum, root, cl, false)
 }
 
+// AllReduceInt64 reduces v across the ranks in place with NCCL's int64 reductions
+// (ncclInt64 with ncclSum, ncclMax or ncclMin), staged through the GPU as the float calls
+// are: exact, no conversion on the way.
+func (c *Comm) AllReduceInt64(ctx context.Context, v []int64, op collective.Op) error {
+	return c.exact(ctx, kindAllReduce, i64Bytes(v), len(v), collective.DTypeInt64, op, 0, collective.ValidateInt64(op))
+}
+
+// BroadcastBytes copies root's b to every rank (ncclBroadcast of ncclUint8), staged through
+// the GPU.
+func (c *Comm) BroadcastBytes(ctx context.Context, b []byte, root int) error {
+	verr := validate(kindBroadcast, len(b), c.size, nil, collective.Sum, root, collective.Call{})
+	return c.exact(ctx, kindBroadcast, b, len(b), collective.DTypeUint8, collective.Sum, root, verr)
+}
+
+// exact is the host path of the typed calls: n elements of type dt whose bytes are mem go to
+// the GPU as they are, through NCCL, and back. verr is this rank's validation of the call.
+// The ranks agree on the call first, as for the float calls.
+func (c *Comm) exact(ctx context.Context, k kind, mem []byte, n int, dt collective.DType, op collective.Op, root int, verr error) error {
+	ctx, tag, name, done, err := c.open(ctx, k, 0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if dt == collective.DTypeUint8 {
+		name = "byte " + name // as the ring names it
+	} else {
+		name = dt.String() + " " + name
+	}
+	if verr == nil {
+		if err := c.ensureDevice(int64(len(mem))); err != nil {
+			verr = err
+		} else if err := c.ensureHost(int64(len(mem))); err != nil {
+			verr = err
+		}
+	}
+	d := desc{kind: k, tag: tag, n: n, elem: uint64(dt), op: op, root: root}
+	if verr != nil {
+		d = desc{kind: kindInvalid, tag: tag, n: n}
+	}
+	if err := c.agreeCall(ctx, d, name, verr); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	h := c.hbuf.Bytes(c.hbuf.Len())[:len(mem)]
+	nb, p, st := int64(len(mem)), uintptr(c.dbuf), c.streamHandle()
+	if k == kindAllReduce || c.rank == root {
+		copy(h, mem)
+		if err := c.upload(0, nb); err != nil {
+			return c.fail(name, err)
+		}
+	}
+	var r int32
+	if k == kindAllReduce {
+		r = c.lib.allReduce(p, p, uintptr(n), ncclInt64, redOp(op, true), c.comm, st)
+	} else {
+		r = c.lib.broadcast(p, p, uintptr(n), ncclUint8, int32(root), c.comm, st)
+	}
+	if err := c.issue(ctx, k.ncclName(), r); err != nil {
+		return c.fail(name, err)
+	}
+	if err := c.download(0, nb); err != nil {
+		return c.fail(name, err)
+	}
+	if err := c.sync(ctx); err != nil {
+		return c.fail(name, err)
+	}
+	copy(mem, h)
+	return nil
+}
+
 // Barrier returns once every rank has entered it: the call-description all-reduce alone.
 func (c *Comm) Barrier(ctx context.Context) error {
 	ctx, tag, name, done, err := c.open(ctx, kindBarrier, 0)

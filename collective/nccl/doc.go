@@ -1,7 +1,8 @@
 // Package nccl runs qvd's collectives through NVIDIA's NCCL between GPUs: Comm implements
-// collective.Communicator on host []float32 buffers by staging them through the GPU, and
-// exports device-buffer entry points (AllReduceDevice, ReduceScatterDevice, AllGatherDevice,
-// BroadcastDevice) for a GPU engine whose data already lives on the device.
+// collective.Communicator on host buffers ([]float32, and the typed []int64 and []byte
+// calls) by staging them through the GPU, and exports device-buffer entry points
+// (AllReduceDevice, ReduceScatterDevice, AllGatherDevice, BroadcastDevice) for a GPU engine
+// whose data already lives on the device.
 //
 // Build. Everything that works is built only with the build tag cuda (go build -tags cuda):
 // it uses gorgonia.org/cu, whose package initialisation calls cuInit and exits the process
@@ -22,11 +23,10 @@
 // signatures that checks every byte of the id, so no cgo shim is needed for NCCL.
 //
 // Bootstrap. New(ctx, bootstrap, device) needs a working communicator among the same ranks
-// (the cluster's gRPC one in production): the ranks first all-reduce a flag saying whether
-// each could load NCCL and open its GPU (so a rank that cannot fails every rank at once
-// instead of leaving them waiting), rank 0 calls ncclGetUniqueId, and the 128 bytes are
-// broadcast packed two to a float32 as integers in [0, 65535], exact through any float32
-// transport or wire whatever it does with NaN payloads. Each rank then calls
+// (the cluster's gRPC one in production): the ranks first all-reduce (AllReduceInt64) a flag
+// saying whether each could load NCCL and open its GPU (so a rank that cannot fails every
+// rank at once instead of leaving them waiting), rank 0 calls ncclGetUniqueId, and its NCCL
+// version and the 128 bytes of the id are broadcast with BroadcastBytes. Each rank then calls
 // ncclCommInitRankConfig.
 //
 // Never hanging. NCCL waits forever for a rank that died. Every communicator is created
@@ -59,7 +59,9 @@
 // a division in float32 and a rounding to the wire type, so an fp32 average equals the ring's
 // bit for bit (NCCL's own ncclAvg pre-multiplies by 1/n, which is not). On the device entry
 // points Avg is ncclAvg. As with the ring, a group of one leaves host data untouched (the
-// collective runs in fp32 whatever the wire).
+// collective runs in fp32 whatever the wire). AllReduceInt64 (ncclInt64 with ncclSum, ncclMax
+// or ncclMin) and BroadcastBytes (ncclUint8) stage their elements through the GPU as they
+// are, so counters, flags and ids are exact.
 //
 // Uneven shards. NCCL's ReduceScatter and AllGather need equal shards. Comm lays shard r out
 // at r·m, m the largest shard, padding with zeros: free for EvenShards (at most one element

@@ -40,16 +40,19 @@ const (
 
 // ncclDataType_t (nccl.h).
 const (
+	ncclUint8    = 1
+	ncclInt64    = 4
 	ncclUint64   = 5
 	ncclFloat16  = 6
 	ncclFloat32  = 7
 	ncclBfloat16 = 9
 )
 
-// ncclRedOp_t (nccl.h): ncclProd is 1 and ncclMin 3.
+// ncclRedOp_t (nccl.h): ncclProd is 1.
 const (
 	ncclSum = 0
 	ncclMax = 2
+	ncclMin = 3
 	ncclAvg = 4
 )
 

@@ -6,9 +6,9 @@ package nccl
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"strings"
 	"time"
@@ -66,7 +66,7 @@ type desc struct {
 	kind   kind
 	tag    uint64
 	n      int    // elements
-	elem   uint64 // half.Format of the wire, or elemDevice|format for a device buffer
+	elem   uint64 // collective.DType on the wire (half.Format's codes for floats), or elemDevice|format for a device buffer
 	op     collective.Op
 	root   int
 	shards uint64 // shardsHash, 0 without shards
@@ -133,7 +133,7 @@ func elemName(e uint64) string {
 	if e&elemDevice != 0 {
 		return "device " + half.Format(e&^elemDevice).String()
 	}
-	return half.Format(e).String()
+	return collective.DType(e).String()
 }
 
 // shardsHash is FNV-1a over the shard bounds.
@@ -197,6 +197,8 @@ func redOp(op collective.Op, hostAvg bool) int32 {
 	switch {
 	case op == collective.Max:
 		return ncclMax
+	case op == collective.Min:
+		return ncclMin
 	case op == collective.Avg && !hostAvg:
 		return ncclAvg
 	}
@@ -254,6 +256,14 @@ func u16s(b []byte, n int) []uint16 {
 	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), n)
 }
 
+// i64Bytes views x as its bytes, for staging AllReduceInt64's elements as they are.
+func i64Bytes(x []int64) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 8*len(x))
+}
+
 func f32s(b []byte, n int) []float32 {
 	if len(b) < 4*n || uintptr(unsafe.Pointer(&b[0]))%4 != 0 {
 		panic(fmt.Sprintf("nccl: %d bytes at %p do not hold %d aligned float32s", len(b), &b[0], n))
@@ -261,53 +271,26 @@ func f32s(b []byte, n int) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
 }
 
-// The unique id travels through the bootstrap communicator as float32s: a marker, rank 0's
-// NCCL version, then the 128 bytes two to an element as integers in [0, 65535], which every
-// float32 path (and any reduction) carries exactly; raw bit patterns could be NaNs.
-const (
-	idMarker = 0x5156 // "QV"
-	idWords  = uniqueIDBytes / 2
-	idMsgLen = 2 + idWords
-)
-
-func packID(dst []float32, id *uniqueID, version int) {
-	dst[0], dst[1] = idMarker, float32(version)
-	for i := range idWords {
-		dst[2+i] = float32(uint16(id.Internal[2*i]) | uint16(id.Internal[2*i+1])<<8)
-	}
-}
-
-func unpackID(src []float32) (id uniqueID, version int, err error) {
-	if len(src) != idMsgLen || src[0] != idMarker {
-		return id, 0, fmt.Errorf("nccl: the unique id from rank 0 is malformed (%d words, marker %v)", len(src), src[0])
-	}
-	for i, x := range src[1:] {
-		if x < 0 || x > math.MaxUint16 || x != float32(int32(x)) {
-			return id, 0, fmt.Errorf("nccl: word %d of the unique id from rank 0 is %v, not a 16-bit integer", i+1, x)
-		}
-	}
-	for i := range idWords {
-		w := uint16(src[2+i])
-		id.Internal[2*i], id.Internal[2*i+1] = byte(w), byte(w>>8)
-	}
-	return id, int(src[1]), nil
-}
+// idMsgLen is the unique-id message rank 0 broadcasts: its NCCL version (NCCL_VERSION_CODE,
+// a little-endian int64, so a rank whose NCCL fails to join can say which versions met), then
+// the 128 bytes of the id.
+const idMsgLen = 8 + uniqueIDBytes
 
 // exchangeID gives every rank rank 0's unique id over boot. local is this rank's setup error
 // (loading NCCL, opening its GPU); newID makes the id on rank 0. First the ranks all-reduce
-// who failed, so that one rank's failure fails every rank at once with an error naming it;
-// then rank 0 broadcasts the id and its NCCL version.
+// (int64 sum) who failed, so that one rank's failure fails every rank at once with an error
+// naming it; then rank 0 broadcasts its NCCL version and the id as bytes.
 func exchangeID(ctx context.Context, boot collective.Communicator, local error, newID func() (uniqueID, error), version int) (uniqueID, int, error) {
 	rank, size := boot.Rank(), boot.Size()
 	var id uniqueID
 	if rank == 0 && local == nil {
 		id, local = newID()
 	}
-	failed := make([]float32, size)
+	failed := make([]int64, size)
 	if local != nil {
 		failed[rank] = 1
 	}
-	if err := boot.AllReduce(ctx, failed, collective.Sum, collective.Call{}); err != nil {
+	if err := boot.AllReduceInt64(ctx, failed, collective.Sum); err != nil {
 		err = fmt.Errorf("nccl: bootstrap: telling the other ranks whether NCCL started: %w", err)
 		return id, 0, errors.Join(local, err)
 	}
@@ -323,14 +306,16 @@ func exchangeID(ctx context.Context, boot collective.Communicator, local error, 
 	if bad != nil {
 		return id, 0, fmt.Errorf("nccl: rank %s could not start NCCL (see its log); this rank gives up too", strings.Join(bad, ", "))
 	}
-	msg := make([]float32, idMsgLen)
+	msg := make([]byte, idMsgLen)
 	if rank == 0 {
-		packID(msg, &id, version)
+		binary.LittleEndian.PutUint64(msg, uint64(version))
+		copy(msg[8:], id.Internal[:])
 	}
-	if err := boot.Broadcast(ctx, msg, 0, collective.Call{}); err != nil {
+	if err := boot.BroadcastBytes(ctx, msg, 0); err != nil {
 		return id, 0, fmt.Errorf("nccl: bootstrap: broadcasting the unique id: %w", err)
 	}
-	return unpackID(msg)
+	copy(id.Internal[:], msg[8:])
+	return id, int(int64(binary.LittleEndian.Uint64(msg))), nil
 }
 
 // expiredError is a call's context ending while NCCL worked: it names the deadline.

@@ -136,29 +136,15 @@ func TestFinishAvg(t *testing.T) {
 	}
 }
 
-func TestIDPackingIsExactForEveryByte(t *testing.T) {
+func TestExchangeIDIsExactForEveryByte(t *testing.T) {
 	var id uniqueID
 	for i := range id.Internal {
 		id.Internal[i] = byte(255 - i) // 0xff 0xfe ... would be NaN payloads as raw float32 bits
 	}
 	id.Internal[0], id.Internal[1] = 0xff, 0xff
-	msg := make([]float32, idMsgLen)
-	packID(msg, &id, 22703)
-	got, v, err := unpackID(msg)
-	if err != nil || got != id || v != 22703 {
-		t.Fatalf("unpack: %v, version %d, equal %v", err, v, got == id)
-	}
-	for _, bad := range []func(m []float32){
-		func(m []float32) { m[0] = 0 },
-		func(m []float32) { m[5] = 0.5 },
-		func(m []float32) { m[6] = float32(math.NaN()) },
-		func(m []float32) { m[7] = 65536 },
-		func(m []float32) { m[8] = -1 },
-	} {
-		m := append([]float32(nil), msg...)
-		bad(m)
-		if _, _, err := unpackID(m); err == nil {
-			t.Errorf("accepted a damaged id %v", m[:9])
+	for r, x := range exchangeAll(t, 3, func(int) error { return nil }, func() (uniqueID, error) { return id, nil }) {
+		if x.err != nil || x.id != id || x.version != 22000 {
+			t.Errorf("rank %d: %v, version %d, id right %v", r, x.err, x.version, x.id == id)
 		}
 	}
 }

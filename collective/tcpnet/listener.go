@@ -34,11 +34,11 @@ type Listener struct {
 	done chan struct{} // closed by Close
 	wg   sync.WaitGroup
 
+	jobs collective.Jobs[*transport] // the transports made here, by job
+
 	mu struct {
 		sync.Mutex
 		closed     bool
-		groups     map[string]*transport // by job
-		changed    chan struct{}         // closed and replaced whenever a group registers
 		handshakes map[net.Conn]struct{} // accepted, not yet handed to a transport
 	}
 }
@@ -63,8 +63,6 @@ func ListenWith(addr string, cfg Config, log *zap.Logger) (*Listener, error) {
 		return nil, fmt.Errorf("tcpnet: listen on %s: %w", addr, err)
 	}
 	l := &Listener{cfg: cfg, log: log, ln: ln, addr: ln.Addr().String(), done: make(chan struct{})}
-	l.mu.groups = make(map[string]*transport)
-	l.mu.changed = make(chan struct{})
 	l.mu.handshakes = make(map[net.Conn]struct{})
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -88,12 +86,8 @@ func (l *Listener) Close() error {
 	for c := range l.mu.handshakes {
 		_ = c.Close()
 	}
-	groups := make([]*transport, 0, len(l.mu.groups))
-	for _, t := range l.mu.groups {
-		groups = append(groups, t)
-	}
 	l.mu.Unlock()
-	for _, t := range groups {
+	for _, t := range l.jobs.Close() {
 		_ = t.Close()
 	}
 	l.wg.Wait()
@@ -103,32 +97,9 @@ func (l *Listener) Close() error {
 	return nil
 }
 
-// Group is one job's roster as the control plane hands it to a rank.
-type Group struct {
-	Job    string
-	Rank   int
-	Addrs  []string // data-plane address of every rank (index = rank)
-	Secret []byte   // the job's shared secret
-}
-
-func (g Group) validate() error {
-	switch {
-	case g.Job == "":
-		return errors.New("job: must not be empty")
-	case len(g.Addrs) == 0 || len(g.Addrs) > 1<<16:
-		return fmt.Errorf("addrs: must list between 1 and %d ranks, got %d", 1<<16, len(g.Addrs))
-	case g.Rank < 0 || g.Rank >= len(g.Addrs):
-		return fmt.Errorf("rank: must be in [0, %d), got %d", len(g.Addrs), g.Rank)
-	case len(g.Secret) == 0:
-		return errors.New("secret: must not be empty")
-	}
-	for r, a := range g.Addrs {
-		if r != g.Rank && a == "" {
-			return fmt.Errorf("addrs[%d]: empty address", r)
-		}
-	}
-	return nil
-}
+// Group is one job's roster as the control plane hands it to a rank; Addrs are the ranks'
+// data-plane addresses.
+type Group = collective.Roster
 
 // Transport creates this process's transport for g and registers it on the listener, so
 // connections from g's other ranks are routed to it. It dials nobody: each peer is dialled on
@@ -138,33 +109,19 @@ func (l *Listener) Transport(ctx context.Context, g Group) (collective.Transport
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("tcpnet: transport for job %q: %w", g.Job, err)
 	}
-	if err := g.validate(); err != nil {
+	if err := g.Validate(); err != nil {
 		return nil, fmt.Errorf("tcpnet: transport for job %q: group: %w", g.Job, err)
 	}
 	t := newTransport(l, g)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.mu.closed {
-		return nil, fmt.Errorf("tcpnet: transport for job %q: listener %s: %w", g.Job, l.addr, collective.ErrClosed)
+	// Registering wakes the handshakes that arrived before this job did.
+	if err := l.jobs.Register(g.Job, t); err != nil {
+		return nil, fmt.Errorf("tcpnet: transport for job %q: listener %s: %w", g.Job, l.addr, err)
 	}
-	if _, dup := l.mu.groups[g.Job]; dup {
-		return nil, fmt.Errorf("tcpnet: transport for job %q: the job already has a transport on listener %s", g.Job, l.addr)
-	}
-	l.mu.groups[g.Job] = t
-	// Wake handshakes that arrived before this job registered.
-	close(l.mu.changed)
-	l.mu.changed = make(chan struct{})
 	return t, nil
 }
 
 // unregister removes t (called by t.Close).
-func (l *Listener) unregister(t *transport) {
-	l.mu.Lock()
-	if l.mu.groups[t.job] == t {
-		delete(l.mu.groups, t.job)
-	}
-	l.mu.Unlock()
-}
+func (l *Listener) unregister(t *transport) { l.jobs.Unregister(t.job, t) }
 
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
@@ -256,14 +213,11 @@ func (l *Listener) handshake(c net.Conn) {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
-		l.mu.Lock()
-		if l.mu.closed {
-			l.mu.Unlock()
+		ts, closed, changed := l.jobs.All()
+		if closed {
 			return
 		}
-		t, rank, verr := l.matchLocked(h, hello)
-		changed := l.mu.changed
-		l.mu.Unlock()
+		t, rank, verr := match(ts, h, hello)
 		if t != nil {
 			if err := t.adopt(rank, conn, remote, deadline); err != nil {
 				refuse(fmt.Errorf("job %q rank %d: %w", t.job, rank, err))
@@ -290,12 +244,12 @@ func (l *Listener) handshake(c net.Conn) {
 	}
 }
 
-// matchLocked returns the registered transport whose secret verifies hello, and the rank the
-// hello proves; otherwise the last verification error (nil if no job is registered).
-func (l *Listener) matchLocked(h collective.Header, hello []byte) (*transport, int, error) {
+// match returns the transport among ts whose secret verifies hello, and the rank the hello
+// proves; otherwise the last verification error (nil if ts is empty).
+func match(ts []*transport, h collective.Header, hello []byte) (*transport, int, error) {
 	var last error
 	now := time.Now()
-	for _, t := range l.mu.groups {
+	for _, t := range ts {
 		rank, err := collective.VerifyHello(t.secret, t.job, t.size, hello, now)
 		if err != nil {
 			last = err
