@@ -1,4 +1,8 @@
-// Package memory watches the memory a training process uses and says when it runs short.
+// Package memory is qvd's one place for memory: it watches what a training process uses and
+// says when it runs short, holds the accounting of a rank's training state (States, which
+// zero measures and estimates), the memory limit check, and ErrOutOfMemory, the error every
+// engine backend wraps. It is a leaf of docs/architecture.md: it must not import any qvd
+// package outside internal/, so that the engines, zero and the trainer can all import it.
 //
 // A Monitor takes one sample per optimizer step (Observe) and reports:
 //   - host: the Go heap in use, the process's resident set, the memory the system still has

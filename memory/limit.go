@@ -6,7 +6,6 @@ import (
 	"math"
 
 	"github.com/qvd/qvd/internal/memstat"
-	"github.com/qvd/qvd/zero"
 )
 
 // Headroom is the share of memory.limit kept for what the model states do not include —
@@ -20,7 +19,7 @@ var ErrLimitTooLow = errors.New("memory.limit is too low")
 // CheckLimit checks that limit (0: none) leaves room, after Headroom, for states (this rank's
 // model states) and for inUse (what the Go runtime already maps: datasets, the model graph,
 // the states themselves; 0 if unknown). The error names memory.limit, the need and its parts.
-func CheckLimit(limit Bytes, states zero.Memory, inUse uint64) error {
+func CheckLimit(limit Bytes, states States, inUse uint64) error {
 	if limit <= 0 {
 		return nil
 	}
@@ -34,8 +33,8 @@ func CheckLimit(limit Bytes, states zero.Memory, inUse uint64) error {
 		}
 		return nil
 	}
-	all := zero.Bytes{}
-	for _, b := range []zero.Bytes{states.Device, states.Host} {
+	all := StateBytes{}
+	for _, b := range []StateBytes{states.Device, states.Host} {
 		all.Params += b.Params
 		all.Grads += b.Grads
 		all.Master += b.Master

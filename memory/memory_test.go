@@ -14,7 +14,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/qvd/qvd/internal/memstat"
-	"github.com/qvd/qvd/zero"
 )
 
 // fakeHost returns scripted readings: snap for Read, heap for Heap.
@@ -427,7 +426,7 @@ func TestConfigYAML(t *testing.T) {
 }
 
 func TestCheckLimit(t *testing.T) {
-	states := zero.Memory{Device: zero.Bytes{Params: 4 << 20, Grads: 4 << 20, Master: 0, Optimizer: 8 << 20}}
+	states := States{Device: StateBytes{Params: 4 << 20, Grads: 4 << 20, Master: 0, Optimizer: 8 << 20}}
 	if err := CheckLimit(0, states, 1<<40); err != nil {
 		t.Fatalf("no limit: %v", err)
 	}

@@ -5,15 +5,13 @@ import (
 	"slices"
 
 	"go.uber.org/zap"
-
-	"github.com/qvd/qvd/zero"
 )
 
 // memoryRecord flattens the engine's accounting for the metrics file, with the collective's
 // own frame buffers (which grow with use, up to a bound set by collective.chunk_bytes) as
 // device_comm_buffers.
 func (t *Trainer) memoryRecord() map[string]int64 {
-	out := memoryRecord(t.eng.Memory())
+	out := t.eng.Memory().Record()
 	if f := int64(t.layout.Frozen); f > 0 {
 		// Frozen parameters are held (the model computes with them) but nothing else is.
 		out["device_frozen_params"] = 4 * f
@@ -24,25 +22,6 @@ func (t *Trainer) memoryRecord() map[string]int64 {
 	if c, ok := t.group.comm.(interface{ BufferBytes() int64 }); ok {
 		if b := c.BufferBytes(); b > 0 {
 			out["device_comm_buffers"] = b
-		}
-	}
-	return out
-}
-
-// memoryRecord flattens the engine's accounting.
-func memoryRecord(m zero.Memory) map[string]int64 {
-	out := make(map[string]int64, 11)
-	for _, side := range []struct {
-		name string
-		b    zero.Bytes
-	}{{"device", m.Device}, {"host", m.Host}} {
-		for _, c := range []struct {
-			name string
-			v    int64
-		}{{"params", side.b.Params}, {"grads", side.b.Grads}, {"master", side.b.Master}, {"optimizer", side.b.Optimizer}, {"buffers", side.b.Buffers}} {
-			if c.v != 0 {
-				out[side.name+"_"+c.name] = c.v
-			}
 		}
 	}
 	return out

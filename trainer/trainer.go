@@ -398,7 +398,7 @@ func (t *Trainer) Master() []float32 {
 func (t *Trainer) FullMaster(ctx context.Context) ([]float32, error) { return t.eng.FullMaster(ctx) }
 
 // Memory is what this rank holds for training, measured from its buffers.
-func (t *Trainer) Memory() zero.Memory { return t.eng.Memory() }
+func (t *Trainer) Memory() memory.States { return t.eng.Memory() }
 
 // Step returns the number of global steps completed.
 func (t *Trainer) Step() int64 { return t.pos.step }

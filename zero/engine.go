@@ -14,6 +14,7 @@ import (
 	"github.com/qvd/qvd/internal/arena"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/vec"
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/offload"
 )
 
@@ -776,34 +777,12 @@ func (e *Engine) SetMaster(full []float32) {
 	}
 }
 
-// Memory is what a rank holds for training, in bytes, by where it lives and what it is —
-// measured from the buffers actually allocated, not from a formula.
-type Memory struct {
-	Device Bytes `json:"device"`
-	Host   Bytes `json:"host"` // with offload: what the optimizer step uses in host memory
-}
-
-// Bytes is one side's accounting.
-type Bytes struct {
-	Params    int64 `json:"params"`    // working-precision parameters (full)
-	Grads     int64 `json:"grads"`     // gradients held across micro-batches (full at stages 0-1, the shard at 2)
-	Master    int64 `json:"master"`    // fp32 master weights held apart from the parameters
-	Optimizer int64 `json:"optimizer"` // optimizer state (moments, momentum)
-	Buffers   int64 `json:"buffers"`   // communication and transfer staging buffers
-}
-
-// Total sums the categories.
-func (b Bytes) Total() int64 { return b.Params + b.Grads + b.Master + b.Optimizer + b.Buffers }
-
-// Total sums both sides.
-func (m Memory) Total() int64 { return m.Device.Total() + m.Host.Total() }
-
 // Memory reports the bytes this rank's engine holds. The engine's host buffers store every
 // format in float32, 4 bytes per element (the model's own half-precision copies are the
 // compute engine's to report).
-func (e *Engine) Memory() Memory {
+func (e *Engine) Memory() memory.States {
 	const f32 = 4
-	var m Memory
+	var m memory.States
 	m.Device.Params = int64(len(e.params)) * f32
 	m.Device.Grads = int64(len(e.grads)) * f32
 	for _, b := range e.bufs {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/offload"
 )
 
@@ -56,13 +57,13 @@ func (s Spec) Validate() error {
 // shard), by the same accounting as Engine.Memory: with ElemBytes 4 it is what the CPU engine
 // allocates, byte for byte; with ElemBytes 2 and Adam it is the ZeRO paper's 2Ψ + 2Ψ + 12Ψ
 // split by stage (16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N), plus the staging buffers the paper leaves out.
-func Estimate(s Spec) (Memory, error) {
+func Estimate(s Spec) (memory.States, error) {
 	if err := s.Validate(); err != nil {
-		return Memory{}, err
+		return memory.States{}, err
 	}
 	l, err := NewLayout(s.Elems, s.World)
 	if err != nil {
-		return Memory{}, err
+		return memory.States{}, err
 	}
 	n := int64(s.Elems)
 	shard := n
@@ -71,7 +72,7 @@ func Estimate(s Spec) (Memory, error) {
 	}
 	b := int64(s.ElemBytes)
 	const f32 = 4
-	var m Memory
+	var m memory.States
 	m.Device.Params = b * n
 	side := &m.Device
 	if s.Offload {

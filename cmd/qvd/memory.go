@@ -7,13 +7,12 @@ import (
 
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/memory"
-	"github.com/qvd/qvd/zero"
 )
 
 // applyMemoryLimit checks memory.limit against this rank's model states (what the trainer
 // has just allocated, by the engine's own accounting) and sets it as the Go runtime's soft
 // limit. restore puts back the previous limit (tests run `qvd train` in-process).
-func applyMemoryLimit(limit memory.Bytes, states zero.Memory, log *zap.Logger) (restore func(), err error) {
+func applyMemoryLimit(limit memory.Bytes, states memory.States, log *zap.Logger) (restore func(), err error) {
 	if limit <= 0 {
 		return func() {}, nil
 	}

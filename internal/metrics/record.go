@@ -78,7 +78,7 @@ type Record struct {
 	// "optimizer", and "reduction" (the time the gradient's collectives took, overlapped or not).
 	PhaseSeconds map[string]float64 `json:"phase_seconds,omitempty"`
 	// Memory is what the rank holds for training by category ("device_params",
-	// "host_optimizer", ...; see zero.Memory), in bytes; zero categories are left out.
+	// "host_optimizer", ...; see memory.States), in bytes; zero categories are left out.
 	Memory map[string]int64 `json:"memory,omitempty"`
 	// PhaseHeap is the largest Go heap sampled at the end of each phase so far
 	// ("forward+backward", "communication", "optimizer"), in bytes.

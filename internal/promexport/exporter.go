@@ -150,7 +150,7 @@ var (
 	descPhase     = desc("qvd_step_phase_seconds", "Where the last step's wall time went, by phase (reduction: the gradient collectives' time, overlapped or not).", "phase")
 	descComm      = desc("qvd_communication_seconds", "Time the last step's gradient collectives (all-reduce or reduce-scatter) took.")
 	descCommTotal = desc("qvd_communication_seconds_total", "Time the gradient collectives took, summed over the steps since the process started.")
-	descMemory    = desc("qvd_memory_bytes", "What the rank holds for training, by category (qvd's accounting, see zero.Memory).", "category")
+	descMemory    = desc("qvd_memory_bytes", "What the rank holds for training, by category (qvd's accounting, see memory.States).", "category")
 	descRSS       = desc("qvd_rss_bytes", "Resident set size of the process, sampled at the last step.")
 	descHeap      = desc("qvd_heap_bytes", "Go heap in use, sampled at the last step.")
 	descLiveHeap  = desc("qvd_live_heap_bytes", "Go heap the last garbage collection kept.")

@@ -96,7 +96,7 @@ qvd_communication_seconds{rank="1"} 0.375
 # HELP qvd_communication_seconds_total Time the gradient collectives took, summed over the steps since the process started.
 # TYPE qvd_communication_seconds_total counter
 qvd_communication_seconds_total{rank="1"} 0.5
-# HELP qvd_memory_bytes What the rank holds for training, by category (qvd's accounting, see zero.Memory).
+# HELP qvd_memory_bytes What the rank holds for training, by category (qvd's accounting, see memory.States).
 # TYPE qvd_memory_bytes gauge
 qvd_memory_bytes{category="device_params",rank="1"} 4096
 # HELP qvd_rss_bytes Resident set size of the process, sampled at the last step.
