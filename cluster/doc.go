@@ -10,7 +10,7 @@
 // Who calls it: cmd/qvd. `qvd train --nodes N` builds a Node with RoleCoordinator and calls
 // Coordinate(ctx, job, N, config); `qvd join PEER` builds a RoleWorker Node, calls Join(PEER)
 // and AwaitRoster, and takes the job's config from the roster; `qvd status PEER` calls Status
-// and FormatStatus. The trainer watches Events for Failed members (to abort collectives
+// and FormatStatus. The job (package job) watches Events for Failed members (to abort collectives
 // early, naming the lost rank) and calls SetStep as training goes.
 //
 // Failure detection: memberlist probes each member about once per probe interval; a member

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/qvd/qvd/job"
 )
 
 // TestEnginesMatch trains the shipped MLP config for a few steps with the native engine on
@@ -63,7 +65,7 @@ func TestDeviceFlagErrors(t *testing.T) {
 			t.Errorf("qvd %v: exit %d, want %d with %q\n%s%s", c.args, code, exitUsage, c.want, stdout, stderr)
 		}
 	}
-	if newNCCL == nil {
+	if !job.NCCLAvailable {
 		code, stdout, stderr := runQVD(t, "train", "--device", "cuda", "--out", dir, "--max-steps", "1", "--quiet")
 		if code == exitOK || !strings.Contains(stdout+stderr, "-tags cuda") {
 			t.Errorf("--device cuda without CUDA support: exit %d\n%s%s", code, stdout, stderr)

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/infer"
 	"github.com/qvd/qvd/model"
 )
 
@@ -36,13 +38,13 @@ func trainShort(t *testing.T, config string, steps, testSubset int, extra ...str
 	return out, acc, loss
 }
 
-func readEvalJSON(t *testing.T, path string) evalReport {
+func readEvalJSON(t *testing.T, path string) infer.Report {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r evalReport
+	var r infer.Report
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("%s: %v\n%s", path, err, b)
 	}
@@ -140,18 +142,27 @@ func TestEvalBadInput(t *testing.T) {
 	}
 }
 
+// inference is a loaded model as the tests (and the PyTorch comparison) read it.
+type inference struct {
+	cfg    configs.Config
+	spec   *model.Spec
+	layout *model.Layout
+	params []float32
+	test   *data.Dataset
+	norm   data.Normalize
+}
+
 // goLogits runs qvd's inference path (config, weights, normalised test images, model.Forward)
 // and returns the logits of the first n test samples with the loaded model.
 func goLogits(t *testing.T, config, weights string, n int) ([]float32, *inference) {
 	t.Helper()
-	f := inferenceFlags{config: config, checkpoint: weights}
-	inf, err := f.load(n, func(s string) { t.Log(s) })
+	m, err := infer.Load(infer.Options{Config: config, Checkpoint: weights, TestSubset: n, Warn: func(s string) { t.Log(s) }})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inf := &inference{cfg: m.Config, spec: m.Spec, layout: m.Layout, params: m.Params, test: m.Test, norm: m.Norm}
 	return inferenceLogits(t, inf), inf
 }
-
 func inferenceLogits(t *testing.T, inf *inference) []float32 {
 	t.Helper()
 	ds, classes := inf.test, inf.spec.Classes

@@ -12,6 +12,7 @@ import (
 
 	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/infer"
 )
 
 // TestEvalShippedConfigs: for every embedded config, a short run's checkpoint evaluates with
@@ -105,12 +106,12 @@ func TestPredictWithoutDataset(t *testing.T) {
 					t.Errorf("predict %v:\n%s\nwith the dataset:\n%s", args, got, want)
 				}
 			}
-			var p prediction
+			var p infer.Prediction
 			if err := json.Unmarshal([]byte(strings.SplitN(want, "\n", 2)[0]), &p); err != nil {
 				t.Fatal(err)
 			}
-			if len(p.Top) != 10 || !slices.Contains(fashionMNISTClasses, p.Top[0].Name) {
-				t.Errorf("prediction %+v: want the 10 Fashion-MNIST classes by name", p)
+			if len(p.Top) != 10 || !slices.Contains(infer.FashionMNISTClasses, p.Top[0].Name) {
+				t.Errorf("infer.Prediction %+v: want the 10 Fashion-MNIST classes by name", p)
 			}
 			if _, err := os.Stat(nowhere); err == nil {
 				t.Fatal("the dataset path exists")
@@ -127,27 +128,27 @@ func TestPredictWithoutDataset(t *testing.T) {
 func TestPredictModelShape(t *testing.T) {
 	run, _, _ := trainShort(t, "fashion-cnn", 3, 50)
 	step := filepath.Join(run, "checkpoints", "step-00000003")
-	shape := func(t *testing.T, f inferenceFlags, edit func(*configs.Config)) (data.Shape, error) {
+	shape := func(t *testing.T, o infer.Options, edit func(*configs.Config)) (data.Shape, error) {
 		t.Helper()
-		l, err := f.resolve(0, func(string) {})
+		l, err := infer.Resolve(o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if edit != nil {
-			edit(&l.cfg)
+			edit(&l.Config)
 		}
-		return l.modelShape()
+		return l.ModelShape()
 	}
 	fashion := data.Shape{C: 1, H: 28, W: 28, Classes: 10}
 	for _, c := range []struct {
 		name string
-		f    inferenceFlags
+		f    infer.Options
 		edit func(*configs.Config)
 		want data.Shape
 	}{
-		{"checkpoint record", inferenceFlags{checkpoint: step}, nil, fashion},
-		{"cnn weights", inferenceFlags{config: "fashion-cnn", checkpoint: filepath.Join(step, "model.safetensors")}, nil, fashion},
-		{"model.input", inferenceFlags{config: "fashion-cnn", checkpoint: filepath.Join(step, "model.safetensors")},
+		{"checkpoint record", infer.Options{Checkpoint: step}, nil, fashion},
+		{"cnn weights", infer.Options{Config: "fashion-cnn", Checkpoint: filepath.Join(step, "model.safetensors")}, nil, fashion},
+		{"model.input", infer.Options{Config: "fashion-cnn", Checkpoint: filepath.Join(step, "model.safetensors")},
 			func(c *configs.Config) { c.Model.Input, c.Model.Classes = []int{1, 29, 30}, 10 }, data.Shape{C: 1, H: 29, W: 30, Classes: 10}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -158,7 +159,7 @@ func TestPredictModelShape(t *testing.T) {
 		})
 	}
 	mlp, _, _ := trainShort(t, "fashion-mlp", 3, 50)
-	bare := inferenceFlags{config: "fashion-mlp", checkpoint: filepath.Join(mlp, "checkpoints", "step-00000003", "model.safetensors")}
+	bare := infer.Options{Config: "fashion-mlp", Checkpoint: filepath.Join(mlp, "checkpoints", "step-00000003", "model.safetensors")}
 	if got, err := shape(t, bare, nil); err != nil || got != fashion {
 		t.Errorf("mlp weights: shape %+v, %v; want %+v", got, err, fashion)
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/qvd/qvd/launch"
 )
 
 // TestKubernetesManifest checks deploy/kubernetes/qvd-job.yaml as far as can be done without a
@@ -132,7 +134,7 @@ func TestKubernetesManifest(t *testing.T) {
 			}
 			return env[k]
 		}
-		p, ok, err := planTorchrun(getenv)
+		p, ok, err := launch.PlanTorchrun(getenv)
 		if err != nil || !ok {
 			t.Fatalf("pod %d: planTorchrun = %v, %v", rank, ok, err)
 		}

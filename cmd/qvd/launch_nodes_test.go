@@ -182,7 +182,4 @@ func TestLaunchNodesFlags(t *testing.T) {
 	if code, _, errs := runQVD(t, "launch", "--nnodes", "2", "--master-addr", "h"); code != exitUsage || !strings.Contains(errs, clusterKeyEnv) {
 		t.Errorf("no key: exit %d, %q; want a usage error asking for a shared key", code, errs)
 	}
-	if v, ok := flagValue([]string{"-c", "x", "--data=/d", "--lr", "1"}, "data"); !ok || v != "/d" {
-		t.Errorf("flagValue: %q %v", v, ok)
-	}
 }

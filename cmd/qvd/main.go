@@ -1,5 +1,8 @@
-// Command qvd is the qvd trainer: `qvd train` runs a training job on this machine, `qvd plot`
-// turns a run's metrics into a PNG. It only wires flags to the library packages.
+// Command qvd is qvd's one binary: `qvd train` and `qvd join` run a training job's processes,
+// and the other commands launch, inspect and measure jobs. It is linked dynamically, with cgo:
+// the CPU backend calls OpenBLAS (libopenblas) and its C kernels, and a build with -tags cuda
+// adds the CUDA backend and NCCL. It maps flags to a configs.Config, calls one library entry
+// point per command (job.Run trains), and maps the error to an exit code.
 package main
 
 import (

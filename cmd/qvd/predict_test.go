@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qvd/qvd/infer"
 	"github.com/qvd/qvd/model"
 )
 
@@ -69,9 +70,9 @@ func TestPredict(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("%d lines, want 5:\n%s", len(lines), stdout)
 	}
-	var preds []prediction
+	var preds []infer.Prediction
 	for _, l := range lines {
-		var p prediction
+		var p infer.Prediction
 		if err := json.Unmarshal([]byte(l), &p); err != nil {
 			t.Fatalf("%q: %v", l, err)
 		}
@@ -87,8 +88,8 @@ func TestPredict(t *testing.T) {
 		}
 		for k, w := range want {
 			got := preds[i].Top[k]
-			if got.Class != w.Class || math.Abs(got.Prob-w.Prob) > 1e-6 || got.Name != fashionMNISTClasses[w.Class] {
-				t.Errorf("%s: rank %d is %+v, the evaluation forward gives class %d (%s) with %.6f", preds[i].Image, k, got, w.Class, fashionMNISTClasses[w.Class], w.Prob)
+			if got.Class != w.Class || math.Abs(got.Prob-w.Prob) > 1e-6 || got.Name != infer.FashionMNISTClasses[w.Class] {
+				t.Errorf("%s: rank %d is %+v, the evaluation forward gives class %d (%s) with %.6f", preds[i].Image, k, got, w.Class, infer.FashionMNISTClasses[w.Class], w.Prob)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package estimate
 
 import (
 	"fmt"
@@ -28,46 +28,65 @@ const (
 	faultAround = 64 << 10
 )
 
-// peakEstimate is the resident memory qvd expects a rank of the native CPU engine to reach.
-type peakEstimate struct {
-	states, activations, dataset, runtime int64
-	micro, evalBatch                      int
+// OpenDevice opens the CPU backend the measurements run on (the caller's: it needs cgo).
+type OpenDevice func() (engine.Device, error)
+
+// Peak is the resident memory qvd expects a rank of the native CPU engine to reach.
+type Peak struct {
+	States, Activations, Dataset, Runtime int64
+	Micro, EvalBatch                      int
 }
 
-func (p peakEstimate) total() int64 { return p.states + p.activations + p.dataset + p.runtime }
+// Total is the sum of the terms.
+func (p Peak) Total() int64 { return p.States + p.Activations + p.Dataset + p.Runtime }
 
-// estimatePeak adds up one rank's peak resident memory on the CPU engine: the model states
-// (the engine's own accounting, exact), the activation workspace (measured: one forward and
-// backward pass at the micro-batch and one evaluation pass, on the engine's allocator), the
-// dataset pages the run touches, and the runtime.
-func estimatePeak(cfg configs.Config, in estimateInput, spec *model.Spec) (peakEstimate, error) {
-	p := peakEstimate{micro: cfg.Train.MicroBatch, evalBatch: cfg.Train.EvalBatch}
-	if p.micro < 1 {
+// Peak adds up one rank's peak resident memory on the CPU engine for cfg's run of spec: the
+// model states (the engine's own accounting, exact), the activation workspace (measured: one
+// forward and backward pass at the micro-batch and one evaluation pass, on the engine's
+// allocator), the dataset pages the run touches, and the runtime.
+func (in Input) Peak(cfg configs.Config, spec *model.Spec, open OpenDevice) (Peak, error) {
+	p := Peak{Micro: cfg.Train.MicroBatch, EvalBatch: cfg.Train.EvalBatch}
+	if p.Micro < 1 {
 		return p, fmt.Errorf("train.micro_batch: the peak needs a number (auto is resolved when the job starts)")
 	}
-	m, err := zero.Estimate(in.spec(in.stage, in.offload, 4))
+	s, err := in.states()
 	if err != nil {
 		return p, err
 	}
-	p.states = m.Total()
-	if p.activations, err = measurePeakActivations(spec, in.format(), p.micro, p.evalBatch); err != nil {
-		return p, fmt.Errorf("measuring the activations: %w", err)
-	}
-	if p.dataset, err = datasetResident(cfg, in.world); err != nil {
+	m, err := zero.Estimate(s)
+	if err != nil {
 		return p, err
 	}
-	p.runtime = runtimeBytes
-	if in.world > 1 {
-		p.runtime += commBytes
+	p.States = m.Total()
+	if p.Activations, err = MeasurePeakActivations(open, spec, in.Format, p.Micro, p.EvalBatch); err != nil {
+		return p, fmt.Errorf("measuring the activations: %w", err)
+	}
+	if p.Dataset, err = DatasetResident(cfg, in.World); err != nil {
+		return p, err
+	}
+	p.Runtime = runtimeBytes
+	if in.World > 1 {
+		p.Runtime += commBytes
 	}
 	return p, nil
 }
 
-// measurePeakActivations runs the native engine on the CPU backend at the micro-batch and at
+// WritePeak prints p's terms and total.
+func (in Input) WritePeak(w io.Writer, p Peak) {
+	fmt.Fprintf(w, "\nPeak resident memory per rank, qvd's CPU engine (stage %d%s, micro-batch %d, eval batch %d):\n",
+		in.Stage, map[bool]string{true: " + offload", false: ""}[in.Offload], p.Micro, p.EvalBatch)
+	fmt.Fprintf(w, "  model states  %10s  (the table's qvd CPU engine column)\n", in.Bytes(p.States))
+	fmt.Fprintf(w, "  activations   %10s  (measured on the engine: one step and one evaluation)\n", in.Bytes(p.Activations))
+	fmt.Fprintf(w, "  dataset       %10s  (the mapped images the run reads)\n", in.Bytes(p.Dataset))
+	fmt.Fprintf(w, "  runtime       %10s  (binary, Go runtime, libraries%s)\n", in.Bytes(p.Runtime), map[bool]string{true: ", collective buffers", false: ""}[in.World > 1])
+	fmt.Fprintf(w, "  total         %10s  (what the kernel's VmHWM should show, within about 15%%)\n", in.Bytes(p.Total()))
+}
+
+// MeasurePeakActivations runs the native engine on the CPU backend at the micro-batch and at
 // the evaluation batch and returns its allocator's peak: activations and workspace (and, in
 // fp16/bf16, the engine's half-precision copy of the weights), the training blocks still
 // cached while the evaluation runs, as in a real run.
-func measurePeakActivations(spec *model.Spec, f half.Format, micro, evalBatch int) (int64, error) {
+func MeasurePeakActivations(open OpenDevice, spec *model.Spec, f half.Format, micro, evalBatch int) (int64, error) {
 	layout := model.NewLayout(spec)
 	blk, params, err := arena.Float32s(layout.Size, arena.Params)
 	if err != nil {
@@ -75,7 +94,7 @@ func measurePeakActivations(spec *model.Spec, f half.Format, micro, evalBatch in
 	}
 	defer blk.Free()
 	model.Init(spec, layout, params, 1)
-	dev, err := newCPUDevice(nil, 0, 0)
+	dev, err := open()
 	if err != nil {
 		return 0, err
 	}
@@ -87,10 +106,7 @@ func measurePeakActivations(spec *model.Spec, f half.Format, micro, evalBatch in
 		return 0, err
 	}
 	defer net.Close()
-	size := 1
-	for _, d := range spec.Input {
-		size *= d
-	}
+	size := SampleSize(spec)
 	b := data.NewBatch(micro, size)
 	b.N = micro
 	gblk, grads, err := arena.Float32s(layout.Trainable(), arena.Grads)
@@ -109,13 +125,13 @@ func measurePeakActivations(spec *model.Spec, f half.Format, micro, evalBatch in
 	return alloc.Stats().MaxReserved, nil
 }
 
-// datasetResident is how much of the dataset a rank's resident set holds by the end of the
+// DatasetResident is how much of the dataset a rank's resident set holds by the end of the
 // run, from the data's own sizes (data.Count): of mapped images, the training samples it
 // reads and its share of the validation and test samples it evaluates, each first touch
 // mapping faultAround bytes of the file's cached pages, up to the file's size; images held
 // in memory (a subset, data.cache none, safetensors F32) count whole. An image folder's
 // samples are decoded per batch and count nothing.
-func datasetResident(cfg configs.Config, world int) (int64, error) {
+func DatasetResident(cfg configs.Config, world int) (int64, error) {
 	sz, err := data.Count(cfg.Data)
 	if err != nil {
 		return 0, fmt.Errorf("sizing the dataset: %w", err)
@@ -137,14 +153,4 @@ func datasetResident(cfg configs.Config, world int) (int64, error) {
 		test = min(test, int64(sz.Test)/int64(world)*faultAround)
 	}
 	return trainRes + test, nil
-}
-
-func (p peakEstimate) print(w io.Writer, in estimateInput) {
-	fmt.Fprintf(w, "\nPeak resident memory per rank, qvd's CPU engine (stage %d%s, micro-batch %d, eval batch %d):\n",
-		in.stage, map[bool]string{true: " + offload", false: ""}[in.offload], p.micro, p.evalBatch)
-	fmt.Fprintf(w, "  model states  %10s  (the table's qvd CPU engine column)\n", humanBytes(p.states))
-	fmt.Fprintf(w, "  activations   %10s  (measured on the engine: one step and one evaluation)\n", humanBytes(p.activations))
-	fmt.Fprintf(w, "  dataset       %10s  (the mapped images the run reads)\n", humanBytes(p.dataset))
-	fmt.Fprintf(w, "  runtime       %10s  (binary, Go runtime, libraries%s)\n", humanBytes(p.runtime), map[bool]string{true: ", collective buffers", false: ""}[in.world > 1])
-	fmt.Fprintf(w, "  total         %10s  (what the kernel's VmHWM should show, within about 15%%)\n", humanBytes(p.total()))
 }

@@ -1,4 +1,4 @@
-package main
+package estimate
 
 import (
 	"image"
@@ -24,19 +24,19 @@ func TestPeakDatasetResident(t *testing.T) {
 	cfg.Train.MaxSteps = 10
 	cfg.Train.MicroBatch, cfg.Train.Accum = 64, 1
 	const sample, fault = 784, 64 << 10
-	got, err := datasetResident(cfg, 2)
+	got, err := DatasetResident(cfg, 2)
 	if want := int64(min(60000*sample, 10*64*fault) + min(10000*sample, 5000*fault)); err != nil || got != want {
 		t.Errorf("mapped Fashion-MNIST: %d, %v; want %d", got, err, want)
 	}
 	cfg.Data.Cache = data.CacheNone
 	for _, split := range []float64{0, 0.1} {
 		cfg.Data.ValSplit = split
-		if got, err := datasetResident(cfg, 2); err != nil || got != 70000*sample {
+		if got, err := DatasetResident(cfg, 2); err != nil || got != 70000*sample {
 			t.Errorf("val_split %g, in memory: %d, %v; want %d", split, got, err, 70000*sample)
 		}
 	}
 	cfg.Data.TrainSubset, cfg.Data.TestSubset, cfg.Data.ValSplit = 1000, 100, 0
-	if got, err := datasetResident(cfg, 2); err != nil || got != 1100*sample {
+	if got, err := DatasetResident(cfg, 2); err != nil || got != 1100*sample {
 		t.Errorf("subsets: %d, %v; want %d", got, err, 1100*sample)
 	}
 
@@ -53,11 +53,18 @@ func TestPeakDatasetResident(t *testing.T) {
 	}
 	cfg.Data = data.DefaultConfig()
 	cfg.Data.Format, cfg.Data.Path, cfg.Data.Normalize = data.FormatImageFolder, root, data.DefaultConfig().Normalize
-	if got, err := datasetResident(cfg, 1); err != nil || got != 0 {
+	if got, err := DatasetResident(cfg, 1); err != nil || got != 0 {
 		t.Errorf("image folder: %d, %v; want 0", got, err)
 	}
 	cfg.Data.Path = filepath.Join(root, "nowhere")
-	if _, err := datasetResident(cfg, 1); err == nil {
+	if _, err := DatasetResident(cfg, 1); err == nil {
 		t.Error("missing data: no error")
+	}
+}
+
+func needDataset(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(data.DefaultPath, data.TrainImagesFile+".gz")); err != nil {
+		t.Skipf("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): %v", err)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build cgo
 
-package main
+package job
 
 import (
 	"github.com/qvd/qvd/engine"
@@ -8,8 +8,8 @@ import (
 	"github.com/qvd/qvd/offload"
 )
 
-// newCPUDevice opens the CPU backend (engine/cpu: OpenBLAS and C kernels, so cgo) on pool
+// CPUDevice opens the CPU backend (engine/cpu: OpenBLAS and C kernels, so cgo) on pool
 // (nil: its own with threads goroutines), its allocations capped at limit bytes (0: none).
-func newCPUDevice(pool *offload.Pool, threads int, limit uint64) (engine.Device, error) {
+func CPUDevice(pool *offload.Pool, threads int, limit uint64) (engine.Device, error) {
 	return cpu.New(cpu.Options{Pool: pool, Threads: threads, Limit: limit}), nil
 }

@@ -1,9 +1,7 @@
-package main
+package job
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strconv"
 
 	"go.uber.org/zap"
@@ -17,17 +15,30 @@ import (
 	"github.com/qvd/qvd/trainer"
 )
 
-// localRank is this worker's index on its machine, which picks its GPU: QVD_LOCAL_RANK (set
-// by qvd launch), LOCAL_RANK (torchrun's), SLURM_LOCALID, else the global rank.
-func localRank(rank int) int {
+// LocalRank is a worker's index on its machine, which picks its GPU: QVD_LOCAL_RANK (set by
+// qvd launch), LOCAL_RANK (torchrun's), SLURM_LOCALID, as getenv reports them (nil: none),
+// else the global rank.
+func LocalRank(getenv func(string) string, rank int) int {
 	for _, k := range []string{"QVD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"} {
-		if v := os.Getenv(k); v != "" {
+		if v := env(getenv)(k); v != "" {
 			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
 				return n
 			}
 		}
 	}
 	return rank
+}
+
+// openDevice is the one place a device is chosen: device.type cpu is the CPU backend
+// (CPUDevice, on pool, or its own of threads goroutines when pool is nil, capped at
+// memory.limit); every other type is a backend in engine's registry (engine.Register: the
+// reference device, and cuda where a binary built with -tags cuda links engine/cuda), opened
+// for localRank. The NCCL communicator for a GPU comes with the same build (NCCLOver).
+func openDevice(cfg configs.Config, pool *offload.Pool, threads, localRank int) (engine.Device, error) {
+	if cfg.Device.GPU() {
+		return engine.Open(cfg.Device, localRank)
+	}
+	return CPUDevice(pool, threads, uint64(cfg.Memory.Limit))
 }
 
 // worker is the model a worker trains, on the CPU or a GPU, with the rebuild function memory
@@ -47,8 +58,9 @@ func (e *worker) Close() {
 	}
 }
 
-// newEngine builds the model cfg.Engine and cfg.Device select over params.
-func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, params []float32, rank int, log *zap.Logger) (*worker, error) {
+// newEngine builds the model cfg.Engine and cfg.Device select over params: the gorgonia
+// graphs, or the native engine on the device openDevice picks for localRank.
+func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, params []float32, localRank int, log *zap.Logger) (*worker, error) {
 	e := &worker{}
 	threads := cfg.Train.Threads
 	if cfg.Optimizer.Threads > 0 {
@@ -82,21 +94,10 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		}
 		return e, nil
 	}
-	var dev engine.Device
-	if cfg.Device.GPU() {
-		d, err := engine.Open(cfg.Device, localRank(rank))
-		if err != nil {
-			e.Close()
-			return nil, err
-		}
-		dev = d
-	} else {
-		d, err := newCPUDevice(e.pool, 0, uint64(cfg.Memory.Limit))
-		if err != nil {
-			e.Close()
-			return nil, err
-		}
-		dev = d
+	dev, err := openDevice(cfg, e.pool, 0, localRank)
+	if err != nil {
+		e.Close()
+		return nil, err
 	}
 	e.closers = append(e.closers, func() { dev.Close() })
 	alloc := engine.NewAllocator(dev)
@@ -120,23 +121,18 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		e.closers = append(e.closers, func() { n.Close() })
 		return n, nil
 	}
-	log.Info("engine", zap.String("device", dev.Name()), zap.Int("local_rank", localRank(rank)),
+	log.Info("engine", zap.String("device", dev.Name()), zap.Int("local_rank", localRank),
 		zap.String("precision", cfg.Train.Precision))
 	return e, nil
 }
 
-// newNCCL, set by a binary built with -tags cuda, makes an NCCL communicator for the GPU
-// ordinal, bootstrapped (its unique id exchanged) over the gRPC ring.
-var newNCCL func(ctx context.Context, bootstrap collective.Communicator, ordinal int) (collective.Communicator, error)
-
-// ncclOver wraps the bootstrap ring for collective.transport: nccl.
-func ncclOver(ctx context.Context, ring collective.Communicator, rank int, dcfg engine.Config) (collective.Communicator, error) {
-	if newNCCL == nil {
-		return nil, fmt.Errorf("collective.transport: nccl: this qvd was built without CUDA support (build it with `go build -tags cuda ./cmd/qvd`; see docs/gpu.md)")
-	}
+// NCCLOver makes the NCCL communicator for collective.transport: nccl over ring, the gRPC
+// ring that bootstraps it (exchanges its unique id), on the GPU dcfg selects for localRank.
+// Closing it closes the ring too. A binary built without -tags cuda fails here.
+func NCCLOver(ctx context.Context, ring collective.Communicator, localRank int, dcfg engine.Config) (collective.Communicator, error) {
 	ord := dcfg.Ordinal
 	if ord < 0 {
-		ord = localRank(rank) // the same rule as engine.Open; a process sees its GPUs from 0
+		ord = localRank // the same rule as engine.Open; a process sees its GPUs from 0
 	}
 	return newNCCL(ctx, ring, ord)
 }

@@ -1,4 +1,4 @@
-package main
+package launch
 
 // SLURM: `srun qvd train -c CONFIG` starts one qvd per task, and each task finds its place in
 // the job from the variables srun sets, as torchrun and PyTorch Lightning do, so a batch
@@ -33,24 +33,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
-
-	"github.com/qvd/qvd/internal/blas"
-	"go.uber.org/zap/zapcore"
 )
 
 const (
-	// defaultSlurmPort is the base port without QVD_PORT or MASTER_PORT: torchrun's
-	// MASTER_PORT default.
-	defaultSlurmPort = 29500
 	// slurmPortStride is the ports each task on a node reserves from the base: gossip, gRPC
 	// (gossip+1) and one spare.
 	slurmPortStride = 3
@@ -62,8 +51,8 @@ const (
 // ErrHostlist: a SLURM node list that does not parse.
 var ErrHostlist = errors.New("invalid SLURM hostlist")
 
-// slurmPlan is what one SLURM task does.
-type slurmPlan struct {
+// SlurmPlan is what one SLURM task does.
+type SlurmPlan struct {
 	ProcID, NTasks, LocalID int
 	Coordinator             bool   // task 0: `qvd train --nodes NTasks`
 	BindHost                string // host (name or IP) this task binds; resolved at the edge
@@ -82,10 +71,10 @@ func envInt(getenv func(string) string, what, name string, lo int) (int, error) 
 	return v, nil
 }
 
-// planSlurm maps a task's environment to its role and addresses. hostname is this machine's
+// PlanSlurm maps a task's environment to its role and addresses. hostname is this machine's
 // name, used when SLURMD_NODENAME is unset. ok is false when this is not a multi-task SLURM
 // step (then qvd runs as it would without SLURM).
-func planSlurm(getenv func(string) string, hostname string) (p slurmPlan, ok bool, err error) {
+func PlanSlurm(getenv func(string) string, hostname string) (p SlurmPlan, ok bool, err error) {
 	if getenv("SLURM_STEP_ID") == "" && getenv("SLURM_STEPID") == "" {
 		return p, false, nil
 	}
@@ -110,7 +99,7 @@ func planSlurm(getenv func(string) string, hostname string) (p slurmPlan, ok boo
 			return p, false, err
 		}
 	}
-	base := defaultSlurmPort
+	base := DefaultPort
 	for _, name := range []string{"QVD_PORT", "MASTER_PORT"} {
 		if getenv(name) != "" {
 			if base, err = num(name, 1); err != nil {
@@ -283,69 +272,6 @@ func expandHost(out []string, item string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// slurmTrain is cmdTrain's SLURM hook, called after its flags are parsed. In a multi-task
-// SLURM step it makes task 0 the coordinator — setting nodes, and the bind address and node
-// name unless flags gave them — and returns handled=false so cmdTrain goes on; it runs any
-// other task as a `qvd join` worker and returns that worker's exit code with handled=true.
-// Outside SLURM, or with --nodes given, it changes nothing.
-func slurmTrain(ctx context.Context, f *runFlags, nodes *int, mf *memberFlags, o outputFlags, stdout, stderr io.Writer) (code int, handled bool) {
-	set := setFlags(f)
-	if set["nodes"] {
-		return exitOK, false
-	}
-	hostname, _ := os.Hostname()
-	p, ok, err := planSlurm(os.Getenv, hostname)
-	if err != nil {
-		fmt.Fprintf(stderr, "qvd train: %v\n", err)
-		return exitUsage, true
-	}
-	if !ok {
-		return exitOK, false
-	}
-	boot, err := newLogger(stderr, "", zapcore.InfoLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "qvd train: %v\n", err)
-		return exitFailure, true
-	}
-	if !set["bind"] {
-		ip, err := resolveHost(ctx, p.BindHost)
-		if err != nil {
-			fmt.Fprintf(stderr, "qvd train: SLURM task %d: %v (set --bind, or MASTER_ADDR for task 0)\n", p.ProcID, err)
-			return exitUsage, true
-		}
-		mf.bind = net.JoinHostPort(ip, strconv.Itoa(p.BindPort))
-	}
-	if !set["node-name"] {
-		mf.nodeName = p.NodeName
-	}
-	role := "worker"
-	if p.Coordinator {
-		role = "coordinator"
-	}
-	if th := slurmThreads(os.Getenv, runtime.NumCPU()); th > 0 {
-		// As qvd launch does for its workers: tasks sharing a node share its cores, or idle Go
-		// processors spin and OpenBLAS threads busy-wait on each other's cores. The same share
-		// also gives the same matrix-product summation order as qvd launch.
-		runtime.GOMAXPROCS(th)
-		blas.SetThreads(th)
-		boot.log.Info("SLURM task threads", zap.Int("threads", th))
-	}
-	boot.log.Info("SLURM task", zap.Int("procid", p.ProcID), zap.Int("ntasks", p.NTasks), zap.Int("localid", p.LocalID),
-		zap.String("role", role), zap.String("bind", mf.bind), zap.String("coordinator", p.Peer),
-		zap.String("node_name", mf.nodeName), zap.Int("gpus", p.Devices))
-	if p.Coordinator {
-		*nodes = p.NTasks
-		return exitOK, false
-	}
-	// A worker's config comes from the coordinator; only --data is its own (a path on its
-	// machine), as for `qvd join --data`.
-	dataPath := ""
-	if set["data"] {
-		dataPath = f.dataPath
-	}
-	return joinJob(ctx, p.Peer, o, *mf, dataPath, stdout, stderr), true
 }
 
 // resolveHost returns host itself when it is an IP address, else its first IPv4 address
