@@ -1,4 +1,4 @@
-// C reference for qvd's CPU optimizer step (offload/adam.go over internal/vec/adam.go):
+// C reference for qvd's CPU optimizer step (optim/adam.go over internal/vec/adam.go):
 // AdamW and Adam with L2 weight decay over n float32 parameters, gradients and moments, split
 // across OpenMP threads, with the per-element operations in exactly internal/vec/adam.go's order.
 // Built by bench/run-adamw.sh with -O3 -march=native -fno-math-errno -fopenmp, once with the
@@ -26,11 +26,11 @@
 #include <sys/mman.h>
 #include <time.h>
 
-// Optimizer settings of the Go benchmarks (offload/bench_test.go: DefaultConfig, lr 1e-3,
+// Optimizer settings of the Go benchmarks (optim/bench_test.go: DefaultConfig, lr 1e-3,
 // gradient scale 1).
 static const double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8, kWD = 0.01, kLR = 1e-3;
 
-// Constants of one step, computed as offload/adam.go's Step does: in double, then rounded.
+// Constants of one step, computed as optim/adam.go's Step does: in double, then rounded.
 typedef struct {
   float b1, c1, b2, c2, eps, wd;
   float scale, neg_step, bc2_sqrt, decay;
@@ -107,7 +107,7 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// fill is offload/bench_test.go's fill: a cheap deterministic pattern of normal values.
+// fill is optim/bench_test.go's fill: a cheap deterministic pattern of normal values.
 static void fill(float *x, long n, float scale) {
 #pragma omp parallel for schedule(static)
   for (long i = 0; i < n; i++) x[i] = scale * (float)((int)(i % 1997) - 998) / 998;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side CPU Adam step on this machine, in one sitting: bench/adamw.c (GCC with FMAs, and
 # with -ffp-contract=off, which gives qvd's bits; the latter also with --hugepage, its buffers
-# mapped as internal/arena maps qvd's) against offload's BenchmarkAdamW and BenchmarkAdam
+# mapped as internal/arena maps qvd's) against optim's BenchmarkAdamW and BenchmarkAdam
 # (internal/vec's AVX2 kernels, and the plain Go loops under -tags purego), with the stream7
 # kernel as the memory bound. The Go figures are the pg=arena sub-benchmarks (state, parameters
 # and gradients all in internal/arena blocks, as in the trainer); go-simd-adamw-pgheap is
@@ -31,8 +31,8 @@ mkdir -p bin
 flags=(-O3 -march=native -fno-math-errno -fopenmp)
 gcc "${flags[@]}" -o bin/adamw-fma bench/adamw.c -lm
 gcc "${flags[@]}" -ffp-contract=off -o bin/adamw-nofma bench/adamw.c -lm
-go test -c -o bin/offload.test ./offload
-go test -c -tags purego -o bin/offload-purego.test ./offload
+go test -c -o bin/optim.test ./optim
+go test -c -tags purego -o bin/optim-purego.test ./optim
 echo "# gcc $(gcc -dumpfullversion) ${flags[*]}; $(go version); $OMP_NUM_THREADS threads; $size parameters"
 declare -A res ratio
 c() { bin/adamw-"$1" --kernel "$2" --steps 20 "${@:3}" "$size" | awk '!/^#/{print $5}'; }
@@ -56,10 +56,10 @@ run() {
     c-nofma-adamw-huge) c nofma adamw --hugepage ;;
     c-fma-adam) c fma adam ;;
     c-nofma-adam) c nofma adam ;;
-    go-simd-adamw) gobench offload.test AdamW ;;
-    go-simd-adamw-pgheap) gobench offload.test AdamW heap ;;
-    go-purego-adamw) gobench offload-purego.test AdamW ;;
-    go-simd-adam) gobench offload.test Adam ;;
+    go-simd-adamw) gobench optim.test AdamW ;;
+    go-simd-adamw-pgheap) gobench optim.test AdamW heap ;;
+    go-purego-adamw) gobench optim-purego.test AdamW ;;
+    go-simd-adam) gobench optim.test Adam ;;
     *) echo "unknown implementation $1; known: ${all[*]}" >&2; exit 2 ;;
   esac
 }

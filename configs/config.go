@@ -24,7 +24,7 @@ import (
 	"github.com/qvd/qvd/internal/promexport"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/trainer"
 	"github.com/qvd/qvd/zero"
 )
@@ -35,7 +35,7 @@ type Config struct {
 	Model      model.Config           `yaml:"model" json:"model"`
 	Data       data.Config            `yaml:"data" json:"data"`
 	Train      trainer.Config         `yaml:"train" json:"train"`
-	Optimizer  offload.Config         `yaml:"optimizer" json:"optimizer"`
+	Optimizer  optim.Config           `yaml:"optimizer" json:"optimizer"`
 	Scheduler  trainer.ScheduleConfig `yaml:"scheduler" json:"scheduler"`
 	FP16       trainer.ScalerConfig   `yaml:"fp16" json:"fp16"`
 	Checkpoint checkpoint.Config      `yaml:"checkpoint" json:"checkpoint"`
@@ -99,7 +99,7 @@ func Default() Config {
 		Model:      model.DefaultConfig(),
 		Data:       data.DefaultConfig(),
 		Train:      trainer.DefaultConfig(),
-		Optimizer:  offload.DefaultConfig(),
+		Optimizer:  optim.DefaultConfig(),
 		Scheduler:  trainer.DefaultScheduleConfig(),
 		FP16:       trainer.DefaultScalerConfig(),
 		Checkpoint: checkpoint.DefaultConfig(),
@@ -179,7 +179,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("engine: must be %s or %s, got %q", EngineNative, EngineGorgonia, c.Engine))
 	}
-	if c.Engine == EngineGorgonia && c.Freeze.Enabled() && c.Model.ActivationCheckpointing.Segments > 1 {
+	if c.Engine == EngineGorgonia && c.Freeze.Enabled() && c.Model.Recompute.Segments > 1 {
 		add("freeze", errors.New("layer freezing with model.activation_checkpointing is not supported by engine gorgonia: use the native engine, or one or the other"))
 	}
 	if c.Collective.Transport == collective.TransportNCCL && c.Device.Type != "cuda" {

@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/trainer"
 )
 
@@ -265,7 +265,7 @@ func dsOptimizer(c *Config, raw json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	o := offload.DefaultConfig()
+	o := optim.DefaultConfig()
 	o.Threads = c.Optimizer.Threads
 	adamWMode := true // DeepSpeed's Adam is AdamW unless adam_w_mode is false
 	switch strings.ToLower(typ) {

@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // Adam is the optimizer without offload: fp32 master weights and both moments in device
 // memory, stepped by one fused kernel that reads the gradient where the engine left it and
 // writes the working-precision weights in the same pass (no host round trip). Its arithmetic
-// is the CPU optimizer's (offload.AdamWConsts and vec.AdamW's operation order, no fused
+// is the CPU optimizer's (optim.AdamWConsts and vec.AdamW's operation order, no fused
 // multiply-add), so a device step and a host step give the same bits.
 //
 // Check is the loss scaler's half: unscale and the Inf/NaN test in one kernel, plus the
@@ -19,7 +19,7 @@ import (
 type Adam struct {
 	dev       Device
 	alloc     *Allocator
-	cfg       offload.Config
+	cfg       optim.Config
 	master    Buf
 	m, v      Buf
 	flag, acc Buf // F32[1]: overflow seen; Σ g²
@@ -29,10 +29,10 @@ type Adam struct {
 // NewAdam places master (the fp32 weights of the trainable part) and zeroed moments on the
 // allocator's device. Adam with L2 weight decay (type adam, weight_decay > 0) adds the decay
 // to the gradient, which the fused kernel does not do: it is refused.
-func NewAdam(alloc *Allocator, cfg offload.Config, master []float32) (*Adam, error) {
+func NewAdam(alloc *Allocator, cfg optim.Config, master []float32) (*Adam, error) {
 	switch {
-	case cfg.Type == offload.TypeAdamW:
-	case cfg.Type == offload.TypeAdam && cfg.WeightDecay == 0:
+	case cfg.Type == optim.TypeAdamW:
+	case cfg.Type == optim.TypeAdam && cfg.WeightDecay == 0:
 	default:
 		return nil, fmt.Errorf("gpu: the device optimizer does adamw (and adam without weight_decay), not %s with weight_decay %v: use zero_optimization.offload_optimizer.device: cpu", cfg.Type, cfg.WeightDecay)
 	}
@@ -87,7 +87,7 @@ func (a *Adam) Step(g, w Buf, lr, gradScale float32) error {
 		return fmt.Errorf("gpu: optimizer step: gradient %d and weights %d for %d parameters", g.N, w.N, a.master.N)
 	}
 	t := a.steps + 1
-	a.dev.AdamW(a.master, a.m, a.v, g, w, offload.AdamWConsts(a.cfg, t, lr, gradScale))
+	a.dev.AdamW(a.master, a.m, a.v, g, w, optim.AdamWConsts(a.cfg, t, lr, gradScale))
 	if err := a.dev.Sync(); err != nil {
 		return fmt.Errorf("gpu: optimizer step %d: %w", t, err)
 	}

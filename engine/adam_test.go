@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/internal/half"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // TestAdamMatchesCPUOptimizer: the device optimizer's master weights and moments are the CPU
@@ -20,9 +20,9 @@ func TestAdamMatchesCPUOptimizer(t *testing.T) {
 			for i := range w {
 				w[i] = float32(rng.NormFloat64())
 			}
-			cfg := offload.DefaultConfig()
+			cfg := optim.DefaultConfig()
 			cfg.WeightDecay = 0.01
-			cpu, err := offload.New(cfg, n)
+			cpu, err := optim.New(cfg, n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +94,7 @@ func TestAdamMatchesCPUOptimizer(t *testing.T) {
 
 func TestAdamOverflowAndRefusals(t *testing.T) {
 	alloc := NewAllocator(NewReference())
-	a, err := NewAdam(alloc, offload.DefaultConfig(), make([]float32, 4))
+	a, err := NewAdam(alloc, optim.DefaultConfig(), make([]float32, 4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +103,8 @@ func TestAdamOverflowAndRefusals(t *testing.T) {
 	if over, _, err := a.Check(g, 0.5); err != nil || !over {
 		t.Fatalf("an Inf gradient: overflow %v, err %v", over, err)
 	}
-	cfg := offload.DefaultConfig()
-	cfg.Type, cfg.WeightDecay = offload.TypeAdam, 0.1
+	cfg := optim.DefaultConfig()
+	cfg.Type, cfg.WeightDecay = optim.TypeAdam, 0.1
 	if _, err := NewAdam(alloc, cfg, make([]float32, 4)); err == nil {
 		t.Fatal("adam with L2 weight decay accepted by the fused kernel")
 	}

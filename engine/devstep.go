@@ -8,7 +8,7 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // The device step: without optimizer offload the gradient never leaves the device. Micro-
@@ -32,7 +32,7 @@ func (n *Net) DeviceStep() bool { return n.hostm == nil }
 
 // EnableDeviceOptimizer puts an fp32 master copy of the trainable weights and AdamW's moments
 // on the device; PushState then loads the trainer's state into them.
-func (n *Net) EnableDeviceOptimizer(cfg offload.Config) error {
+func (n *Net) EnableDeviceOptimizer(cfg optim.Config) error {
 	if n.adam != nil {
 		return errors.New("engine: the device optimizer is already enabled")
 	}

@@ -505,7 +505,7 @@ var ErrGradientLost = errors.New("engine: out of memory in the middle of a check
 
 // runSegments is forward and backward with activation checkpointing: the forward pass keeps
 // only each segment's input, and the backward pass recomputes one segment's activations at a
-// time from it (the CPU engine's scheme, model/checkpoint.go). The recomputed operations are
+// time from it (the CPU engine's scheme, model/recompute.go). The recomputed operations are
 // the same, so the gradient is the plain run's, bit for bit.
 func (n *Net) runSegments(p *pass, b *data.Batch, labels, loss Buf, scale, beta float32) error {
 	rows, k := b.N, len(n.segs)

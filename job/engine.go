@@ -74,7 +74,7 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 		}
 		opts := func(micro int) model.Options {
 			return model.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Grad: cfg.Train.Format(),
-				Segments: cfg.Model.ActivationCheckpointing.Segments}
+				Segments: cfg.Model.Recompute.Segments}
 		}
 		net, err := model.New(spec, layout, params, opts(cfg.Train.MicroBatch))
 		if err != nil {
@@ -104,7 +104,7 @@ func newEngine(cfg configs.Config, spec *model.Spec, layout *model.Layout, param
 	e.closers = append(e.closers, alloc.Close)
 	opts := func(micro int) engine.Options {
 		return engine.Options{MicroBatch: micro, EvalBatch: cfg.Train.EvalBatch, Precision: cfg.Train.Format(),
-			Segments: cfg.Model.ActivationCheckpointing.Segments}
+			Segments: cfg.Model.Recompute.Segments}
 	}
 	net, err := engine.NewNet(alloc, spec, layout, params, opts(cfg.Train.MicroBatch))
 	if err != nil {

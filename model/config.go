@@ -39,13 +39,15 @@ type Config struct {
 	// error naming both. Unset (the default), the model takes whatever the data has.
 	Input   []int `yaml:"input" json:"input,omitempty"`
 	Classes int   `yaml:"classes" json:"classes,omitempty"`
-	// ActivationCheckpointing trades compute for activation memory (Chen et al. 2016,
-	// "Training Deep Nets with Sublinear Memory Cost"). YAML `activation_checkpointing:`.
-	ActivationCheckpointing CheckpointingConfig `yaml:"activation_checkpointing" json:"activation_checkpointing"`
+	// Recompute trades compute for activation memory (Chen et al. 2016, "Training Deep Nets
+	// with Sublinear Memory Cost"). The YAML key keeps the ecosystem's name for it,
+	// `activation_checkpointing:` (PyTorch, DeepSpeed); the code says recompute so that
+	// "checkpoint" always means a saved training state.
+	Recompute RecomputeConfig `yaml:"activation_checkpointing" json:"activation_checkpointing"`
 }
 
-// CheckpointingConfig configures activation checkpointing.
-type CheckpointingConfig struct {
+// RecomputeConfig configures activation recomputation.
+type RecomputeConfig struct {
 	// Segments splits the layers into this many contiguous segments, each starting at a
 	// weight layer: the forward pass keeps only each segment's input and the backward pass
 	// recomputes the segment from it. 0 or 1 is off; at most the number of weight layers.
@@ -111,13 +113,13 @@ func (c Config) Validate() error {
 			return fmt.Errorf("hidden[%d]: must be in [1, 65536], got %d", i, h)
 		}
 	}
-	if k := c.ActivationCheckpointing.Segments; k < 0 {
+	if k := c.Recompute.Segments; k < 0 {
 		return fmt.Errorf("activation_checkpointing.segments: must be >= 0 (0 or 1 is off), got %d", k)
 	}
 	if c.Type == TypeViT || c.Type == TypeLayers {
 		return nil // the upper bound depends on the expanded model: NewSpec checks it
 	}
-	if k, n := c.ActivationCheckpointing.Segments, c.WeightLayers(); k < 0 || k > n {
+	if k, n := c.Recompute.Segments, c.WeightLayers(); k < 0 || k > n {
 		return fmt.Errorf("activation_checkpointing.segments: must be in [0, %d] (0 or 1 is off; at most the %d weight layers of this model), got %d", n, n, k)
 	}
 	return nil

@@ -14,7 +14,7 @@
 // caller-owned flat gradient buffer with the same layout as the parameters, which is how
 // gradient accumulation and the later all-reduce see it.
 //
-// With Options.Segments > 1 (activation checkpointing, checkpoint.go) the training graph is
+// With Options.Segments > 1 (activation recomputation, recompute.go) the training graph is
 // replaced by one forward graph and one forward+backward graph per segment of layers; the
 // step keeps only segment inputs between segments and recomputes each segment in the
 // backward pass. Loss and gradients are bit for bit those of the single graph, and the

@@ -14,7 +14,7 @@ type Options struct {
 	EvalBatch  int         // samples per Evaluate call (the last call of a pass may hold fewer)
 	Grad       half.Format // working precision gradients are rounded to
 	// Segments > 1 turns on activation checkpointing with that many segments (see
-	// checkpoint.go); 0 or 1 builds one training graph. At most len(spec.ParamLayers()).
+	// recompute.go); 0 or 1 builds one training graph. At most len(spec.ParamLayers()).
 	Segments int
 }
 

@@ -50,7 +50,7 @@ func TestLayersSpec(t *testing.T) {
 			err: `layers[0].type: unknown layer type "conv3d"`},
 		{name: "conv pad", cfg: Config{Type: TypeLayers, Layers: []LayerConfig{{Type: "conv2d", Out: 2, Kernel: 3, Pad: intp(0)}, {Type: "flatten"}, {Type: "dense"}}}, input: []int{1, 4, 4},
 			kinds: "conv2d flatten dense", params: (2*9 + 2) + (8*3 + 3)},
-		{name: "segments over the cut points", cfg: Config{Type: TypeViT, Patch: 2, Dim: 8, Depth: 1, Heads: 2, ActivationCheckpointing: CheckpointingConfig{Segments: 7}}, input: []int{1, 4, 4},
+		{name: "segments over the cut points", cfg: Config{Type: TypeViT, Patch: 2, Dim: 8, Depth: 1, Heads: 2, Recompute: RecomputeConfig{Segments: 7}}, input: []int{1, 4, 4},
 			err: "activation_checkpointing.segments: at most 6"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

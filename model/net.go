@@ -18,14 +18,14 @@ import (
 
 // Net is a Spec compiled into gorgonia graphs whose parameters are views of a flat buffer.
 type Net struct {
-	spec   *Spec
-	layout *Layout
-	params []float32
-	grad   half.Format
-	micro  int
-	train  *graph     // nil when checkpointing
-	ckpt   *segmented // nil unless checkpointing
-	eval   *graph
+	spec      *Spec
+	layout    *Layout
+	params    []float32
+	grad      half.Format
+	micro     int
+	train     *graph      // nil when checkpointing
+	recompute *recomputed // nil without activation recomputation
+	eval      *graph
 	// masks are the dropout layers' masks, shared by the training graphs (one micro-batch
 	// size) and refilled from dropSeed before each training run.
 	masks    map[int]*dropMask
@@ -72,7 +72,7 @@ func New(spec *Spec, layout *Layout, params []float32, opt Options) (*Net, error
 	n := &Net{spec: spec, layout: layout, params: params, grad: opt.Grad, micro: opt.MicroBatch}
 	var err error
 	if opt.Segments > 1 {
-		if n.ckpt, err = n.buildSegmented(opt.MicroBatch, opt.Segments); err != nil {
+		if n.recompute, err = n.buildRecomputed(opt.MicroBatch, opt.Segments); err != nil {
 			return nil, fmt.Errorf("model: building checkpointed training graphs: %w", err)
 		}
 	} else if n.train, err = n.build(opt.MicroBatch, true); err != nil {
@@ -80,7 +80,7 @@ func New(spec *Spec, layout *Layout, params []float32, opt Options) (*Net, error
 	}
 	if n.eval, err = n.build(opt.EvalBatch, false); err != nil {
 		n.train.close()
-		n.ckpt.close()
+		n.recompute.close()
 		return nil, fmt.Errorf("model: building evaluation graph: %w", err)
 	}
 	return n, nil
@@ -324,8 +324,8 @@ func (n *Net) forwardBackward(b *data.Batch, scale float32, use func(off int, g 
 	}
 	var loss float32
 	var err error
-	if n.ckpt != nil {
-		loss, err = n.ckpt.forwardBackward(scale, n.updateRunning)
+	if n.recompute != nil {
+		loss, err = n.recompute.forwardBackward(scale, n.updateRunning)
 	} else if loss, err = n.train.forwardBackward(scale); err == nil {
 		err = n.updateRunning(n.train.stats)
 	}
@@ -368,8 +368,8 @@ type paramNode struct {
 // trainBuffers returns the training input and one-hot label buffers and the parameter nodes
 // in increasing flat offset.
 func (n *Net) trainBuffers() (x, y []float32, order []paramNode) {
-	if n.ckpt != nil {
-		return n.ckpt.segs[0].in, n.ckpt.ybuf, n.ckpt.order
+	if n.recompute != nil {
+		return n.recompute.segs[0].in, n.recompute.ybuf, n.recompute.order
 	}
 	gr := n.train
 	if gr.order == nil {
@@ -441,7 +441,7 @@ func (n *Net) Evaluate(b *data.Batch) (EvalResult, error) {
 // Close releases the graphs' machines; safe to call twice.
 func (n *Net) Close() error {
 	n.train.close()
-	n.ckpt.close()
+	n.recompute.close()
 	n.eval.close()
 	return nil
 }

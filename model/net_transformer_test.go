@@ -226,7 +226,7 @@ func TestTransformerCheckpointing(t *testing.T) {
 				const micro = 3
 				plain := newTfNet(t, tc.cfg, tc.input, micro, half.FP32, tc.ratio, 0)
 				ckpt := newTfNet(t, tc.cfg, tc.input, micro, half.FP32, tc.ratio, k)
-				if ckpt.ckpt == nil || len(ckpt.ckpt.segs) != k {
+				if ckpt.recompute == nil || len(ckpt.recompute.segs) != k {
 					t.Fatalf("not checkpointed with %d segments", k)
 				}
 				n := plain.Layout().Trainable()

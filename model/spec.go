@@ -132,7 +132,7 @@ func NewSpec(cfg Config, input []int, classes int) (*Spec, error) {
 		return nil, fmt.Errorf("model: the last layer (%s) outputs %v per sample; the loss needs [%d] (one logit per class): end with a dense layer of %d outputs, or leave its out unset", last.describe(len(s.Layers)-1), last.OutShape, classes, classes)
 	}
 	if cfg.Type == TypeLayers || cfg.Type == TypeViT {
-		if k, n := cfg.ActivationCheckpointing.Segments, len(CutPoints(s)); k > n {
+		if k, n := cfg.Recompute.Segments, len(CutPoints(s)); k > n {
 			return nil, fmt.Errorf("model: activation_checkpointing.segments: at most %d for this model (the places it can be cut), got %d", n, k)
 		}
 	}

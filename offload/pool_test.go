@@ -1,106 +1,11 @@
 package offload
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 )
-
-// setGrain makes Step split buffers into pieces as small as grain, so that tiny lengths are
-// spread across threads too.
-func setGrain(o Optimizer, grain int) {
-	switch o := o.(type) {
-	case *adam:
-		o.grain = grain
-	case *sgd:
-		o.grain = grain
-	case *adam8:
-		o.grain = grain
-	default:
-		panic("setGrain: unknown optimizer type")
-	}
-}
-
-func randSlice(rng *rand.Rand, n int, scale float32) []float32 {
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = scale * float32(rng.NormFloat64())
-	}
-	return x
-}
-
-func sameBits(a, b []float32) int {
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return i
-		}
-	}
-	return -1
-}
-
-func allConfigs() map[string]Config {
-	cfgs := map[string]Config{}
-	for _, name := range []string{"sgd", "sgd/momentum/wd", "sgd/nesterov", "adam", "adam/wd", "adamw", "adam8bit/wd", "adamw8bit"} {
-		c := DefaultConfig()
-		switch name {
-		case "sgd":
-			c.Type, c.Momentum, c.WeightDecay = TypeSGD, 0, 0
-		case "sgd/momentum/wd":
-			c.Type, c.WeightDecay = TypeSGD, 1e-4
-		case "sgd/nesterov":
-			c.Type, c.Nesterov = TypeSGD, true
-		case "adam":
-			c.Type, c.WeightDecay = TypeAdam, 0
-		case "adam/wd":
-			c.Type = TypeAdam
-		case "adam8bit/wd":
-			c.Type = TypeAdam8bit
-		case "adamw8bit":
-			c.Type = TypeAdamW8bit
-		}
-		cfgs[name] = c
-	}
-	return cfgs
-}
-
-// Every element's update depends only on that element, so how [0,n) is split across threads
-// must not change a single bit, including for lengths that no thread count divides.
-func TestParallelStepMatchesSingleThread(t *testing.T) {
-	lengths := []int{0, 1, 7, 1000003}
-	if testing.Short() {
-		lengths = lengths[:3]
-	}
-	for name, cfg := range allConfigs() {
-		for _, n := range lengths {
-			rng := rand.New(rand.NewPCG(1, uint64(n)))
-			p0 := randSlice(rng, n, 1)
-			grads := [][]float32{randSlice(rng, n, 0.1), randSlice(rng, n, 0.1), randSlice(rng, n, 0.1)}
-			run := func(threads, grain int) []float32 {
-				c := cfg
-				c.Threads = threads
-				o := mustNew(t, c, n)
-				setGrain(o, grain)
-				p := append([]float32(nil), p0...)
-				for s, g := range grads {
-					o.Step(p, g, 1e-3*float32(s+1), 0.75)
-				}
-				o.Close()
-				return p
-			}
-			want := run(1, DefaultGrain)
-			for _, tc := range []struct{ threads, grain int }{{2, 1}, {3, 2}, {8, 3}, {5, DefaultGrain}} {
-				if i := sameBits(run(tc.threads, tc.grain), want); i >= 0 {
-					t.Errorf("%s n=%d threads=%d grain=%d: element %d differs from single-threaded", name, n, tc.threads, tc.grain, i)
-				}
-			}
-		}
-	}
-}
 
 // Run covers [0,n) exactly once with at most Threads() pieces that respect the grain.
 func TestRunCoversRangeOnce(t *testing.T) {
@@ -149,7 +54,7 @@ func (c *countPass) Range(lo, hi int) {
 
 func TestScale(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
-	x := randSlice(rng, 3*DefaultGrain+5, 1)
+	x := normals(rng, 3*DefaultGrain+5, 1)
 	want := make([]float32, len(x))
 	for i, v := range x {
 		want[i] = v * 0.3
@@ -159,8 +64,10 @@ func TestScale(t *testing.T) {
 		got := append([]float32(nil), x...)
 		p.Scale(got, 0.3)
 		p.Close()
-		if i := sameBits(got, want); i >= 0 {
-			t.Fatalf("threads=%d: x[%d] = %g, want %g", threads, i, got[i], want[i])
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("threads=%d: x[%d] = %g, want %g", threads, i, got[i], want[i])
+			}
 		}
 	}
 }
@@ -191,7 +98,7 @@ func TestSumSquaresExactOnIntegers(t *testing.T) {
 func TestSumSquaresDeterministicAcrossThreads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	for _, n := range []int{7, sumChunk - 1, sumChunk + 1, 1000003} {
-		x := randSlice(rng, n, 3)
+		x := normals(rng, n, 3)
 		var naive float64
 		for _, v := range x {
 			naive += float64(v) * float64(v)
@@ -253,113 +160,6 @@ func TestSumSquaresChunksFit(t *testing.T) {
 	}
 }
 
-func TestZeroAllocs(t *testing.T) {
-	const n = 100003
-	rng := rand.New(rand.NewPCG(4, 4))
-	params, grads := randSlice(rng, n, 1), randSlice(rng, n, 0.01)
-	for name, cfg := range allConfigs() {
-		cfg.Threads = 4
-		o := mustNew(t, cfg, n)
-		setGrain(o, 1000) // make sure every thread gets work
-		if a := testing.AllocsPerRun(20, func() { o.Step(params, grads, 1e-4, 1) }); a != 0 {
-			t.Errorf("%s: Step allocates %v times per call", name, a)
-		}
-	}
-	p := NewPool(4)
-	defer p.Close()
-	if a := testing.AllocsPerRun(20, func() { p.SumSquares(grads) }); a != 0 {
-		t.Errorf("SumSquares allocates %v times per call", a)
-	}
-	if a := testing.AllocsPerRun(20, func() { p.Scale(grads, 1) }); a != 0 {
-		t.Errorf("Scale allocates %v times per call", a)
-	}
-	r := &scalePass{x: grads, s: 1}
-	if a := testing.AllocsPerRun(20, func() { p.Run(n, 100, r) }); a != 0 {
-		t.Errorf("Run allocates %v times per call", a)
-	}
-}
-
-// waitGoroutines waits for the goroutine count to fall back to want: goroutines that have
-// returned may be counted for a moment while they finish exiting.
-func waitGoroutines(t *testing.T, want int) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for runtime.NumGoroutine() > want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines still running, want %d", runtime.NumGoroutine(), want)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func TestCloseStopsWorkersAndIsSafeTwice(t *testing.T) {
-	before := runtime.NumGoroutine()
-	c := DefaultConfig()
-	c.Threads = 6
-	o, err := New(c, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := runtime.NumGoroutine(); got < before+5 {
-		t.Fatalf("%d goroutines after New with 6 threads, had %d", got, before)
-	}
-	p := make([]float32, 100)
-	g := make([]float32, 100)
-	for i := range g {
-		g[i] = 1
-	}
-	o.Step(p, g, 0.1, 1)
-	if err := o.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	waitGoroutines(t, before)
-	// Close unmapped the state: a Step now is a programmer error, reported as a panic rather
-	// than a fault on the unmapped pages.
-	func() {
-		defer func() {
-			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "after Close") {
-				t.Fatalf("Step after Close: recovered %v, want a panic about Close", r)
-			}
-		}()
-		o.Step(p, g, 0.1, 1)
-	}()
-	if o.Steps() != 1 {
-		t.Fatalf("Steps() = %d after a refused Step", o.Steps())
-	}
-}
-
-func TestSharedPool(t *testing.T) {
-	before := runtime.NumGoroutine()
-	pool := NewPool(3)
-	a, err := NewWithPool(DefaultConfig(), 10, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(DefaultConfig(), 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pa, pb := make([]float32, 10), make([]float32, 10)
-	g := randSlice(rand.New(rand.NewPCG(5, 5)), 10, 1)
-	a.Step(pa, g, 0.01, 1)
-	b.Step(pb, g, 0.01, 1)
-	if i := sameBits(pa, pb); i >= 0 {
-		t.Fatalf("shared pool: p[%d] = %v, own pool %v", i, pa[i], pb[i])
-	}
-	a.Close()
-	b.Close()
-	// Closing the optimizer leaves a borrowed pool running.
-	if got := pool.SumSquares([]float32{3, 4}); got != 25 {
-		t.Fatalf("SumSquares after optimizer Close = %v", got)
-	}
-	pool.Close()
-	pool.Close()
-	waitGoroutines(t, before)
-}
-
 func TestPoolConcurrentUse(t *testing.T) {
 	p := NewPool(3)
 	defer p.Close()
@@ -383,5 +183,31 @@ func TestPoolConcurrentUse(t *testing.T) {
 	close(errs)
 	for s := range errs {
 		t.Fatalf("concurrent SumSquares = %v, want %v", s, 4*float64(len(x)))
+	}
+}
+
+// normals draws n values from N(0, scale²).
+func normals(rng *rand.Rand, n int, scale float64) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(scale * rng.NormFloat64())
+	}
+	return x
+}
+
+func TestPoolZeroAllocs(t *testing.T) {
+	const n = 1 << 16
+	grads := normals(rand.New(rand.NewPCG(4, 4)), n, 0.01)
+	p := NewPool(4)
+	defer p.Close()
+	if a := testing.AllocsPerRun(20, func() { p.SumSquares(grads) }); a != 0 {
+		t.Errorf("SumSquares allocates %v times per call", a)
+	}
+	if a := testing.AllocsPerRun(20, func() { p.Scale(grads, 1) }); a != 0 {
+		t.Errorf("Scale allocates %v times per call", a)
+	}
+	r := &scalePass{x: grads, s: 1}
+	if a := testing.AllocsPerRun(20, func() { p.Run(n, 100, r) }); a != 0 {
+		t.Errorf("Run allocates %v times per call", a)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/data"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // TestAdamW8bitConverges: on the synthetic problem (test samples held out from the same
@@ -35,8 +35,8 @@ func TestAdamW8bitConverges(t *testing.T) {
 		}
 		return res, tr.eng.Memory().Device.Optimizer, tr.layout.Size
 	}
-	r32, m32, n := run(offload.TypeAdamW)
-	r8, m8, _ := run(offload.TypeAdamW8bit)
+	r32, m32, n := run(optim.TypeAdamW)
+	r8, m8, _ := run(optim.TypeAdamW8bit)
 	t.Logf("adamw: accuracy %.3f loss %.4f, %d state bytes; adamw8bit: accuracy %.3f loss %.4f, %d state bytes (%.4f of adamw's)",
 		r32.TestAccuracy, r32.LastLoss, m32, r8.TestAccuracy, r8.LastLoss, m8, float64(m8)/float64(m32))
 	if r32.TestAccuracy < 0.9 {
@@ -45,7 +45,7 @@ func TestAdamW8bitConverges(t *testing.T) {
 	if r8.TestAccuracy < r32.TestAccuracy-0.02 || math.Abs(r8.LastLoss-r32.LastLoss) > 0.1*r32.LastLoss+0.01 {
 		t.Errorf("adamw8bit: accuracy %.3f loss %.4f; adamw %.3f %.4f", r8.TestAccuracy, r8.LastLoss, r32.TestAccuracy, r32.LastLoss)
 	}
-	if m32 != 8*int64(n) || m8 != offload.QuantizedStateBytes(2, int64(n)) {
+	if m32 != 8*int64(n) || m8 != optim.QuantizedStateBytes(2, int64(n)) {
 		t.Errorf("optimizer state %d bytes (adamw), %d (adamw8bit) for %d parameters", m32, m8, n)
 	}
 }
@@ -61,7 +61,7 @@ func TestAdamW8bitReshardResume(t *testing.T) {
 	base := defaultRun()
 	base.cfg.MaxSteps = 8
 	base.model.Hidden = []int{24, 12}
-	base.opt.Type = offload.TypeAdamW8bit
+	base.opt.Type = optim.TypeAdamW8bit
 	const global = 24
 	at := func(n int, z zeroCase) testRun {
 		r := base
@@ -78,7 +78,7 @@ func TestAdamW8bitReshardResume(t *testing.T) {
 
 	saver.ckptDir = t.TempDir()
 	ck, meta := interruptedCheckpoint(t, saver, 2)
-	if len(meta.Shards) != 2 || meta.Optimizer != offload.TypeAdamW8bit {
+	if len(meta.Shards) != 2 || meta.Optimizer != optim.TypeAdamW8bit {
 		t.Fatalf("checkpoint has %d optimizer shards of %q, want 2 of adamw8bit", len(meta.Shards), meta.Optimizer)
 	}
 	for _, sh := range meta.Shards {

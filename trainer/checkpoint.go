@@ -10,7 +10,7 @@ import (
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/checkpoint/sharded"
 	"github.com/qvd/qvd/model"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // shardPlan is how this group's optimizer state goes into shard files.
@@ -67,7 +67,7 @@ func (t *Trainer) save(cctx context.Context) error {
 			// float32 whatever the optimizer keeps (the 8-bit ones decode into temporary
 			// copies), so that any world size and stage can resume from it.
 			var state []sharded.Buffer
-			for _, nb := range offload.ExportState(t.eng.Optimizer()) {
+			for _, nb := range optim.ExportState(t.eng.Optimizer()) {
 				state = append(state, sharded.Buffer{Name: nb.Name, Data: nb.Data})
 			}
 			return sharded.WriteShard(w, state, sharded.ShardHeader{

@@ -11,7 +11,7 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/half"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -24,7 +24,7 @@ type DeviceStepper interface {
 	// DeviceStep reports whether the model's device is apart from the host (false for the
 	// CPU backend, whose memory the host engine already uses in place).
 	DeviceStep() bool
-	EnableDeviceOptimizer(cfg offload.Config) error
+	EnableDeviceOptimizer(cfg optim.Config) error
 	// AccumulateMicro adds one micro-batch's gradient of loss×scale into the device gradient
 	// (first: sets it) and returns the unscaled mean loss.
 	AccumulateMicro(b *data.Batch, scale float32, first bool) (float32, error)
@@ -65,7 +65,7 @@ func newStepEngine(m Model, env stepEnv) (StepEngine, error) {
 		why = "zero_optimization.offload_optimizer.device is cpu"
 	case env.spec.zero.Stage != 0:
 		why = fmt.Sprintf("ZeRO stage %d keeps its optimizer shards in host memory", env.spec.zero.Stage)
-	case opt.Type != offload.TypeAdamW && (opt.Type != offload.TypeAdam || opt.WeightDecay != 0):
+	case opt.Type != optim.TypeAdamW && (opt.Type != optim.TypeAdam || opt.WeightDecay != 0):
 		why = fmt.Sprintf("optimizer %s is not the fused device kernel's (adamw, or adam without weight_decay)", opt.Type)
 	}
 	if why != "" {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/qvd/qvd/checkpoint/sharded"
 	"github.com/qvd/qvd/collective"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // Data parallelism: the global batch of micro × accum × world samples is split so that
@@ -146,11 +146,11 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 
 // loadOptimizerState fills every rank's optimizer shard from rank 0's checkpoint
 // (sharded.LoadState). The chunks land in float32 buffers: the optimizer's own state, or,
-// for an optimizer that encodes its state (offload.StateCodec), decoded copies that it
+// for an optimizer that encodes its state (optim.StateCodec), decoded copies that it
 // encodes again at the end.
 func (t *Trainer) loadOptimizerState(ctx context.Context) error {
 	lo, hi := t.eng.Shard()
-	state := offload.ExportState(t.eng.Optimizer())
+	state := optim.ExportState(t.eng.Optimizer())
 	bufs := make([]sharded.Buffer, len(state))
 	for i, nb := range state {
 		bufs[i] = sharded.Buffer{Name: nb.Name, Data: nb.Data}
@@ -158,7 +158,7 @@ func (t *Trainer) loadOptimizerState(ctx context.Context) error {
 	if err := sharded.LoadState(ctx, t.group.communicator(), t.ckpt.resumed, t.layout.Trainable(), lo, hi, bufs); err != nil {
 		return err
 	}
-	if err := offload.ImportState(t.eng.Optimizer(), state); err != nil {
+	if err := optim.ImportState(t.eng.Optimizer(), state); err != nil {
 		return fmt.Errorf("resume: optimizer state from the checkpoint: %w", err)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -22,7 +23,7 @@ import (
 // runSpec is what the run is, fixed once New has validated the Setup.
 type runSpec struct {
 	sched    ScheduleConfig
-	opt      offload.Config
+	opt      optim.Config
 	zero     zero.Config
 	seed     uint64
 	snapshot any // stored in every checkpoint's meta.json

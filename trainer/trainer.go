@@ -25,6 +25,7 @@ import (
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -72,7 +73,7 @@ type Setup struct {
 	Config     Config
 	Schedule   ScheduleConfig
 	Scaler     ScalerConfig
-	Optimizer  offload.Config
+	Optimizer  optim.Config
 	Zero       zero.Config
 	Checkpoint checkpoint.Config // Dir "" disables checkpointing
 	Seed       uint64
@@ -334,7 +335,7 @@ func (t *Trainer) CheckpointBytes() int64 {
 	const f32 = 4
 	opt := t.eng.Optimizer()
 	moments := int64(len(opt.State())) // one buffer per moment, each one element per parameter
-	if _, ok := opt.(offload.StateCodec); ok {
+	if _, ok := opt.(optim.StateCodec); ok {
 		moments = 2 // the 8-bit optimizers are Adam's: exp_avg and exp_avg_sq
 	}
 	return f32*int64(t.layout.Size) + f32*moments*int64(t.layout.Trainable()) + ckptMetaBytes

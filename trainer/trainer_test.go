@@ -15,7 +15,7 @@ import (
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/internal/metrics"
 	"github.com/qvd/qvd/model"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -74,7 +74,7 @@ func (r *recorder) trainLosses() map[int64]float64 {
 
 type testRun struct {
 	cfg        Config
-	opt        offload.Config
+	opt        optim.Config
 	zero       zero.Config
 	sched      ScheduleConfig
 	scaler     ScalerConfig
@@ -94,7 +94,7 @@ type testRun struct {
 }
 
 func defaultRun() testRun {
-	opt := offload.DefaultConfig()
+	opt := optim.DefaultConfig()
 	opt.Threads = 2
 	z := zero.DefaultConfig()
 	// Small buckets, so the reductions run as several collective calls.

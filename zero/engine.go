@@ -16,12 +16,13 @@ import (
 	"github.com/qvd/qvd/internal/vec"
 	"github.com/qvd/qvd/memory"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // Options build an Engine.
 type Options struct {
 	Config    Config
-	Optimizer offload.Config
+	Optimizer optim.Config
 	// Params is the model's full working-precision parameter buffer (its graph reads it).
 	Params []float32
 	// Format is the working precision: gradients and parameters travel in it.
@@ -81,7 +82,7 @@ type Engine struct {
 	// master is the fp32 master copy the optimizer updates: stage 0 all of it, stages 1-2 the
 	// shard. Training in fp32 without offload it is (a view of) params itself: no second copy.
 	master []float32
-	opt    offload.Optimizer
+	opt    optim.Optimizer
 
 	// grads: stages 0-1 the full gradient accumulated over micro-batches; nil at stage 2.
 	grads []float32
@@ -195,7 +196,7 @@ func NewEngine(o Options) (*Engine, error) {
 			e.stream, e.ownStream = offload.NewHostStream(64), true
 		}
 	}
-	if e.opt, err = offload.NewWithPool(o.Optimizer, e.hi-e.lo, o.Pool); err != nil {
+	if e.opt, err = optim.NewWithPool(o.Optimizer, e.hi-e.lo, o.Pool); err != nil {
 		return nil, fmt.Errorf("optimizer: %w", err)
 	}
 	e.jobs = make(chan commJob, len(e.reduce))
@@ -307,7 +308,7 @@ func (e *Engine) Shard() (lo, hi int) { return e.lo, e.hi }
 func (e *Engine) Master() []float32 { return e.master }
 
 // Optimizer is the optimizer over the shard.
-func (e *Engine) Optimizer() offload.Optimizer { return e.opt }
+func (e *Engine) Optimizer() optim.Optimizer { return e.opt }
 
 // GradPartitioned says whether a step of accum micro-batches keeps only this rank's shard of
 // the gradient: at stage 2 always; at stage 1 when there is nothing to accumulate (accum 1),
@@ -796,7 +797,7 @@ func (e *Engine) Memory() memory.States {
 	if !(e.format == half.FP32 && !e.offload) { // otherwise the master is the parameters
 		side.Master = int64(len(e.master)) * f32
 	}
-	side.Optimizer = offload.StateBytes(e.opt) // codes and scales for the 8-bit optimizers
+	side.Optimizer = optim.StateBytes(e.opt) // codes and scales for the 8-bit optimizers
 	m.Host.Buffers += int64(len(e.staging)) * f32
 	return m
 }

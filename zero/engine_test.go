@@ -12,6 +12,7 @@ import (
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // ring builds an in-process group of n ranks.
@@ -121,7 +122,7 @@ func TestEngineStep(t *testing.T) {
 							for i := range params[r] {
 								params[r][i] = float32(i%5) - 2
 							}
-							e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: lr}, Params: params[r],
+							e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: lr}, Params: params[r],
 								Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n)})
 							if err != nil {
 								t.Fatal(err)
@@ -227,7 +228,7 @@ func TestEngineSumSquares(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: 1}, Params: make([]float32, n),
+					e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 1}, Params: make([]float32, n),
 						Format: half.FP32, Comm: comms[r], Pool: pool})
 					if err != nil {
 						errs[r] = err
@@ -280,7 +281,7 @@ func TestEngineSinkOrder(t *testing.T) {
 	defer pool.Close()
 	cfg := DefaultConfig()
 	cfg.Stage, cfg.ReduceBucketSize = 2, 10
-	e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: 1}, Params: make([]float32, 40), Format: half.FP32, Pool: pool})
+	e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 1}, Params: make([]float32, 40), Format: half.FP32, Pool: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestEngineStepAllocs(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Stage, cfg.ReduceBucketSize, cfg.OffloadOptimizer.Device = 2, 1000, "cpu"
 	const n = 10_000
-	e, err := NewEngine(Options{Config: cfg, Optimizer: offload.DefaultConfig(), Params: make([]float32, n), Format: half.BF16, Pool: pool})
+	e, err := NewEngine(Options{Config: cfg, Optimizer: optim.DefaultConfig(), Params: make([]float32, n), Format: half.BF16, Pool: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +355,7 @@ func TestEngineOverlapOff(t *testing.T) {
 			engines := make([]*Engine, world)
 			for r := range world {
 				params[r] = make([]float32, n)
-				e, err := NewEngine(Options{Config: cfg, Optimizer: offload.Config{Type: "sgd", LR: 0.5}, Params: params[r],
+				e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: params[r],
 					Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n), Accum: micro})
 				if err != nil {
 					t.Fatal(err)

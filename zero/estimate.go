@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/qvd/qvd/memory"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // Spec describes one rank's model states for Estimate.
@@ -24,7 +24,7 @@ type Spec struct {
 	// exp_avg_sq) and their 8-bit versions, 1 for SGD with momentum, 0 for plain SGD.
 	StateElems int
 	// Quantized says the state is block-wise 8-bit (adam8bit, adamw8bit): a byte per element
-	// and a float32 scale per offload.QuantBlock elements of each buffer, instead of float32.
+	// and a float32 scale per optim.QuantBlock elements of each buffer, instead of float32.
 	Quantized bool
 	// BucketElems is the reduce bucket size (a partitioned gradient stages two buckets on
 	// the device).
@@ -99,7 +99,7 @@ func Estimate(s Spec) (memory.States, error) {
 	}
 	side.Optimizer = f32 * int64(s.StateElems) * shard
 	if s.Quantized {
-		side.Optimizer = offload.QuantizedStateBytes(s.StateElems, shard)
+		side.Optimizer = optim.QuantizedStateBytes(s.StateElems, shard)
 	}
 	if s.Offload && !s.FP32 {
 		m.Host.Buffers = b * shard // the updated shard rounded before it is copied back

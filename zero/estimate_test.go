@@ -8,6 +8,7 @@ import (
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -28,8 +29,8 @@ func TestEstimateMatchesEngine(t *testing.T) {
 		}
 		n := model.NewLayout(spec).Size
 		q8 := cfg.Optimizer
-		q8.Type = offload.TypeAdamW8bit
-		for _, opt := range []offload.Config{cfg.Optimizer, {Type: "sgd", LR: 0.1, Momentum: 0.9}, q8} {
+		q8.Type = optim.TypeAdamW8bit
+		for _, opt := range []optim.Config{cfg.Optimizer, {Type: "sgd", LR: 0.1, Momentum: 0.9}, q8} {
 			for _, f := range []half.Format{half.FP32, half.BF16} {
 				for world := 1; world <= 4; world++ {
 					for stage := 0; stage <= 2; stage++ {
@@ -55,7 +56,7 @@ func TestEstimateMatchesEngine(t *testing.T) {
 							e.Close()
 							state := map[string]int{"adamw": 2, "adam": 2, "sgd": 1, "adamw8bit": 2}[opt.Type]
 							want, err := zero.Estimate(zero.Spec{Elems: n, World: world, Stage: stage, Offload: off, ElemBytes: 4,
-								FP32: f == half.FP32, StateElems: state, Quantized: opt.Type == offload.TypeAdamW8bit, BucketElems: 50_000})
+								FP32: f == half.FP32, StateElems: state, Quantized: opt.Type == optim.TypeAdamW8bit, BucketElems: 50_000})
 							if err != nil {
 								t.Fatal(err)
 							}

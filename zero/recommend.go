@@ -12,8 +12,8 @@ type Job struct {
 	Stage        int  // the job's ZeRO stage
 	Offload      bool // the job's offload_optimizer
 	FP32         bool // the working precision is fp32
-	StateElems   int  // optimizer state per parameter (offload.StateElems)
-	Quantized    bool // the state is block-wise 8-bit (offload.QuantizedState)
+	StateElems   int  // optimizer state per parameter (optim.StateElems)
+	Quantized    bool // the state is block-wise 8-bit (optim.QuantizedState)
 	// ReduceBucket is zero_optimization.reduce_bucket_size; 0 sizes it as the engine does
 	// (Config.ResolveBuckets).
 	ReduceBucket int64

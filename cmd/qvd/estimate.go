@@ -11,7 +11,7 @@ import (
 	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/job/estimate"
 	"github.com/qvd/qvd/model"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -52,7 +52,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	case *world < 1:
 		return fail("--world must be >= 1, got %d", *world)
 	}
-	in := estimate.Input{World: *world, Stage: 2, Optimizer: offload.Config{Type: "adamw", Momentum: 0.9},
+	in := estimate.Input{World: *world, Stage: 2, Optimizer: optim.Config{Type: "adamw", Momentum: 0.9},
 		Bucket: zero.DefaultConfig().ReduceBucketSize, Exact: *exact}
 	prec := "fp16"
 	var spec *model.Spec
@@ -108,7 +108,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) int {
 	if *optimizer != "" {
 		in.Optimizer.Type = *optimizer
 	}
-	if _, err := offload.StateElems(in.Optimizer); err != nil {
+	if _, err := optim.StateElems(in.Optimizer); err != nil {
 		return fail("--optimizer must be adamw, adam, sgd, adamw8bit or adam8bit, got %q", in.Optimizer.Type)
 	}
 	if err := in.WriteTable(stdout); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/job/estimate"
 	"github.com/qvd/qvd/model"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // TestEstimateTable: the DeepSpeed-style table for 1.3B parameters on 8 ranks in fp16 with
@@ -160,7 +160,7 @@ func estimatePeak(cfg configs.Config, in estimateInput, spec *model.Spec) (peakE
 	if err != nil {
 		return peakEstimate{}, err
 	}
-	e := estimate.Input{Elems: in.elems, World: in.world, Stage: in.stage, Format: f, Optimizer: offload.Config{Type: in.optimizer}, Accum: in.accum}
+	e := estimate.Input{Elems: in.elems, World: in.world, Stage: in.stage, Format: f, Optimizer: optim.Config{Type: in.optimizer}, Accum: in.accum}
 	p, err := e.Peak(cfg, spec, func() (engine.Device, error) { return job.CPUDevice(nil, 0, 0) })
 	return peakEstimate{p}, err
 }

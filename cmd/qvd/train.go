@@ -43,7 +43,7 @@ type runFlags struct {
 	zeroStage               int
 	checkpointEvery         int
 	offload                 string
-	activationCheckpointing int
+	recompute int
 	metricsAddr             string
 	dashboardAddr           string
 }
@@ -73,7 +73,7 @@ func newRunFlags(name string, stderr io.Writer) *runFlags {
 	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
 	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
-	fs.IntVar(&f.activationCheckpointing, "activation-checkpointing", 0, "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
+	fs.IntVar(&f.recompute, "activation-checkpointing", 0, "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on HOST:PORT/metrics; rank r of a job uses PORT+r, PORT 0 a free port each (monitoring.metrics_addr)")
 	fs.StringVar(&f.dashboardAddr, "dashboard-addr", "", "serve the live dashboard (as qvd dashboard does) on HOST:PORT while training, from rank 0; PORT 0 a free port (dashboard.addr)")
 	return f
@@ -142,7 +142,7 @@ func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
 		case "offload":
 			cfg.Zero.OffloadOptimizer.Device = f.offload
 		case "activation-checkpointing":
-			cfg.Model.ActivationCheckpointing.Segments = f.activationCheckpointing
+			cfg.Model.Recompute.Segments = f.recompute
 		case "metrics-addr":
 			cfg.Monitoring.MetricsAddr = f.metricsAddr
 		case "dashboard-addr":

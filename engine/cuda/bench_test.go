@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/engine"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 // alloc allocates and fills buffers for a benchmark, releasing them when it ends.
@@ -53,7 +53,7 @@ func BenchmarkGemm(b *testing.B) {
 // and moments, gradients and working weights in the working type) and reports parameters/s.
 func BenchmarkAdamW(b *testing.B) {
 	const n = 64 << 20
-	c := offload.AdamWConsts(offload.DefaultConfig(), 10, 1e-3, 1.0/1024)
+	c := optim.AdamWConsts(optim.DefaultConfig(), 10, 1e-3, 1.0/1024)
 	for _, t := range floatTypes {
 		b.Run(t.String(), func(b *testing.B) {
 			p, m, v := alloc(b, n, engine.F32, 0.5), alloc(b, n, engine.F32, 0.01), alloc(b, n, engine.F32, 0.001)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/memory"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 )
 
 var dev *Device
@@ -424,7 +424,7 @@ func TestSoftmaxXent(t *testing.T) {
 
 func TestAdamW(t *testing.T) {
 	p := newPair(t)
-	cfg := offload.DefaultConfig()
+	cfg := optim.DefaultConfig()
 	const n = 100003
 	for _, gt := range floatTypes {
 		for _, wt := range append([]engine.DType{0}, floatTypes...) {
@@ -435,7 +435,7 @@ func TestAdamW(t *testing.T) {
 			}
 			for step := int64(1); step <= 3; step++ {
 				g := p.rand(gt, n, 1000)
-				c := offload.AdamWConsts(cfg, step, 1e-3, 1.0/1024)
+				c := optim.AdamWConsts(cfg, step, 1e-3, 1.0/1024)
 				p.h.AdamW(pw.h, m.h, v.h, g.h, w.h, c)
 				p.d.AdamW(pw.d, m.d, v.d, g.d, w.d, c)
 			}

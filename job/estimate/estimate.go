@@ -12,7 +12,7 @@ import (
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/memstat"
 	"github.com/qvd/qvd/memory"
-	"github.com/qvd/qvd/offload"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -23,8 +23,8 @@ type Input struct {
 	Stage        int    // the job's ZeRO stage, marked in the table
 	Offload      bool   // the job's offload_optimizer
 	Format       half.Format
-	Optimizer    offload.Config // Type and Momentum size its state
-	Bucket       int64          // zero_optimization.reduce_bucket_size (0: auto)
+	Optimizer    optim.Config // Type and Momentum size its state
+	Bucket       int64        // zero_optimization.reduce_bucket_size (0: auto)
 	Accum        int
 	// Exact prints sizes as plain byte counts, in tables and errors (qvd estimate --bytes).
 	Exact bool
@@ -32,12 +32,12 @@ type Input struct {
 
 // Job is in's model states for zero.Estimate; an unknown optimizer is an error.
 func (in Input) Job() (zero.Job, error) {
-	state, err := offload.StateElems(in.Optimizer)
+	state, err := optim.StateElems(in.Optimizer)
 	if err != nil {
 		return zero.Job{}, err
 	}
 	return zero.Job{Elems: in.Elems, World: in.World, Stage: in.Stage, Offload: in.Offload, FP32: in.Format == half.FP32,
-		StateElems: state, Quantized: offload.QuantizedState(in.Optimizer), ReduceBucket: in.Bucket, Accum: in.Accum}, nil
+		StateElems: state, Quantized: optim.QuantizedState(in.Optimizer), ReduceBucket: in.Bucket, Accum: in.Accum}, nil
 }
 
 // states is the model states of the job's own stage and offload on the CPU engine (float32).

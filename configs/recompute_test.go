@@ -10,10 +10,10 @@ func TestParseActivationCheckpointing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Model.ActivationCheckpointing.Segments; got != 3 {
+	if got := c.Model.Recompute.Segments; got != 3 {
 		t.Fatalf("segments = %d, want 3", got)
 	}
-	c.Model.ActivationCheckpointing.Segments = 4 // the MLP has 3 weight layers
+	c.Model.Recompute.Segments = 4 // the MLP has 3 weight layers
 	err = c.Validate()
 	if err == nil || !strings.Contains(err.Error(), "model.activation_checkpointing.segments:") {
 		t.Fatalf("Validate: %v, want an error naming model.activation_checkpointing.segments", err)

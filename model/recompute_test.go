@@ -53,7 +53,7 @@ func TestSegments(t *testing.T) {
 func TestCheckpointingConfigValidate(t *testing.T) {
 	cfg := Config{Type: TypeMLP, Hidden: []int{16, 8}}
 	for k, ok := range map[int]bool{-1: false, 0: true, 1: true, 3: true, 4: false} {
-		cfg.ActivationCheckpointing.Segments = k
+		cfg.Recompute.Segments = k
 		err := cfg.Validate()
 		if (err == nil) != ok {
 			t.Errorf("segments %d: error %v, want ok=%v", k, err, ok)
@@ -81,7 +81,7 @@ func TestCheckpointingGradientsIdentical(t *testing.T) {
 					const micro = 6
 					plain := newTestNet(t, tc.cfg, micro, f, 0)
 					ckpt := newTestNet(t, tc.cfg, micro, f, k)
-					if ckpt.ckpt == nil || len(ckpt.ckpt.segs) != k {
+					if ckpt.recompute == nil || len(ckpt.recompute.segs) != k {
 						t.Fatalf("not checkpointed with %d segments", k)
 					}
 					size := plain.Layout().Size
@@ -151,7 +151,7 @@ func TestCheckpointingReleasesActivations(t *testing.T) {
 	if _, err := net.ForwardBackward(randomBatch(4, 64, 4, 1), 1, FlatSink(grads)); err != nil {
 		t.Fatal(err)
 	}
-	for i, seg := range net.ckpt.segs {
+	for i, seg := range net.recompute.segs {
 		for _, sg := range []*segGraph{seg.fwd, seg.bwd} {
 			if sg == nil {
 				continue

@@ -1,4 +1,4 @@
-package offload
+package optim
 
 import (
 	"encoding/json"

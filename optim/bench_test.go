@@ -1,4 +1,4 @@
-package offload
+package optim
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/internal/arena"
+	"github.com/qvd/qvd/offload"
 )
 
 // fill writes a cheap deterministic pattern: random numbers would take longer to generate than
@@ -111,7 +112,7 @@ func BenchmarkSGD(b *testing.B) {
 func BenchmarkSumSquares(b *testing.B) {
 	for _, n := range []int{64 << 20} {
 		b.Run(fmt.Sprintf("%dM", n>>20), func(b *testing.B) {
-			p := NewPool(0)
+			p := offload.NewPool(0)
 			defer p.Close()
 			x := make([]float32, n)
 			fill(x, 1)
@@ -129,7 +130,7 @@ func BenchmarkSumSquares(b *testing.B) {
 func BenchmarkScale(b *testing.B) {
 	const n = 64 << 20
 	b.Run("64M", func(b *testing.B) {
-		p := NewPool(0)
+		p := offload.NewPool(0)
 		defer p.Close()
 		x := make([]float32, n)
 		fill(x, 1)

@@ -58,8 +58,8 @@ type segGraph struct {
 	ce     *G.Node // last segment's backward graph only
 }
 
-// segmented is the training side of a Net with activation checkpointing.
-type segmented struct {
+// recomputed is the training side of a Net with activation recomputation.
+type recomputed struct {
 	segs []segment
 	ybuf []float32 // one-hot labels, read by the last segment
 	// below[i]: some segment before i holds a trainable tensor, so segment i's backward
@@ -75,13 +75,13 @@ type segmented struct {
 // recycles tensor headers, not their data; without it every value is an ordinary allocation.
 var poolOnce sync.Once
 
-func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
+func (n *Net) buildRecomputed(bs, k int) (*recomputed, error) {
 	first, err := Segments(n.spec, k)
 	if err != nil {
 		return nil, err
 	}
 	poolOnce.Do(tensor.DontUsePool)
-	s := &segmented{segs: make([]segment, k), ybuf: make([]float32, bs*n.spec.Classes), below: make([]bool, k), own: make([]bool, k)}
+	s := &recomputed{segs: make([]segment, k), ybuf: make([]float32, bs*n.spec.Classes), below: make([]bool, k), own: make([]bool, k)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -147,7 +147,7 @@ func (n *Net) buildSegmented(bs, k int) (*segmented, error) {
 }
 
 // trains reports whether segment i or one below it holds a trainable tensor.
-func (s *segmented) trains(i int) bool { return s.own[i] || s.below[i] }
+func (s *recomputed) trains(i int) bool { return s.own[i] || s.below[i] }
 
 // hasTrainable reports whether any of layers holds a trainable tensor.
 func (n *Net) hasTrainable(layers []Layer) bool {
@@ -162,7 +162,7 @@ func (n *Net) hasTrainable(layers []Layer) bool {
 }
 
 // buildSegGraph compiles segment i of s: forward only, or forward and backward.
-func (n *Net) buildSegGraph(s *segmented, i int, backward bool) (sg *segGraph, err error) {
+func (n *Net) buildSegGraph(s *recomputed, i int, backward bool) (sg *segGraph, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("gorgonia: %v", r)
@@ -252,7 +252,7 @@ func copyOut(dst []float32, node *G.Node) error {
 
 // forwardBackward runs the checkpointed step; segs[0].in and ybuf hold the batch. The
 // parameter gradients are left in the backward graphs' dual values.
-func (s *segmented) forwardBackward(scale float32, update func([]*bnRead) error) (float32, error) {
+func (s *recomputed) forwardBackward(scale float32, update func([]*bnRead) error) (float32, error) {
 	k := len(s.segs)
 	for i := 0; i < k-1; i++ {
 		fwd := s.segs[i].fwd
@@ -305,7 +305,7 @@ func (s *segmented) forwardBackward(scale float32, update func([]*bnRead) error)
 }
 
 // close releases the segment graphs' machines; safe on nil and twice.
-func (s *segmented) close() {
+func (s *recomputed) close() {
 	if s == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package offload
+package optim
 
 import (
 	"fmt"
@@ -98,15 +98,15 @@ func (o *adam8) ImportState(state []NamedBuffer) error {
 		for i, s := range state {
 			names[i] = s.Name
 		}
-		return fmt.Errorf("offload: %s state must be [exp_avg exp_avg_sq], got %v", TypeAdamW8bit, names)
+		return fmt.Errorf("optim: %s state must be [exp_avg exp_avg_sq], got %v", TypeAdamW8bit, names)
 	}
 	for _, s := range state {
 		if len(s.Data) != o.n {
-			return fmt.Errorf("offload: state %s has %d elements, the optimizer %d", s.Name, len(s.Data), o.n)
+			return fmt.Errorf("optim: state %s has %d elements, the optimizer %d", s.Name, len(s.Data), o.n)
 		}
 		for i, x := range s.Data {
 			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) || (s.Name == "exp_avg_sq" && x < 0) {
-				return fmt.Errorf("offload: state %s[%d] = %v is not a valid moment", s.Name, i, x)
+				return fmt.Errorf("optim: state %s[%d] = %v is not a valid moment", s.Name, i, x)
 			}
 		}
 	}

@@ -1,9 +1,11 @@
-package offload
+package optim
 
 import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/qvd/qvd/offload"
 )
 
 // Optimizer updates a flat fp32 parameter buffer, or one contiguous shard of it, in place from
@@ -69,7 +71,7 @@ func ExportState(o Optimizer) []NamedBuffer {
 
 // ErrClosed is returned by ImportState on an optimizer that has been closed: its state is
 // unmapped.
-var ErrClosed = errors.New("offload: optimizer is closed")
+var ErrClosed = errors.New("optim: optimizer is closed")
 
 // ImportState finishes a restore into buffers that ExportState(o) returned: a StateCodec
 // encodes them; for a float32 optimizer they were its views, already written, and it does
@@ -105,30 +107,30 @@ type NamedBuffer struct {
 // kernel refuses it the error wraps arena.ErrOutOfMemory.
 func New(cfg Config, n int) (Optimizer, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("offload: optimizer config: %w", err)
+		return nil, fmt.Errorf("optim: optimizer config: %w", err)
 	}
 	if n < 0 {
-		return nil, fmt.Errorf("offload: optimizer length must be >= 0, got %d", n)
+		return nil, fmt.Errorf("optim: optimizer length must be >= 0, got %d", n)
 	}
 	o, err := build(cfg, n)
 	if err != nil {
 		return nil, err
 	}
-	o.core().init(n, NewPool(cfg.Threads), true)
+	o.core().init(n, offload.NewPool(cfg.Threads), true)
 	return o, nil
 }
 
 // NewWithPool is New on a Pool that the caller owns and shares with its other passes;
 // cfg.Threads is ignored and Close leaves the pool running.
-func NewWithPool(cfg Config, n int, pool *Pool) (Optimizer, error) {
+func NewWithPool(cfg Config, n int, pool *offload.Pool) (Optimizer, error) {
 	if pool == nil {
-		return nil, errors.New("offload: NewWithPool with a nil pool")
+		return nil, errors.New("optim: NewWithPool with a nil pool")
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("offload: optimizer config: %w", err)
+		return nil, fmt.Errorf("optim: optimizer config: %w", err)
 	}
 	if n < 0 {
-		return nil, fmt.Errorf("offload: optimizer length must be >= 0, got %d", n)
+		return nil, fmt.Errorf("optim: optimizer length must be >= 0, got %d", n)
 	}
 	o, err := build(cfg, n)
 	if err != nil {
@@ -157,7 +159,7 @@ func build(cfg Config, n int) (optimizer, error) {
 		o, err = asOptimizer(newAdam(cfg, n))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("offload: %s state for %d parameters: %w", cfg.Type, n, err)
+		return nil, fmt.Errorf("optim: %s state for %d parameters: %w", cfg.Type, n, err)
 	}
 	return o, nil
 }
@@ -174,15 +176,15 @@ func asOptimizer[T optimizer](o T, err error) (optimizer, error) {
 type base struct {
 	n       int
 	steps   atomic.Int64
-	pool    *Pool
+	pool    *offload.Pool
 	ownPool bool
 	grain   int      // Run grain for Step; tests shrink it to split tiny buffers across threads
 	mem     stateMem // the state's arena blocks, unmapped by Close
 	closed  bool
 }
 
-func (b *base) init(n int, pool *Pool, ownPool bool) {
-	b.n, b.pool, b.ownPool, b.grain = n, pool, ownPool, DefaultGrain
+func (b *base) init(n int, pool *offload.Pool, ownPool bool) {
+	b.n, b.pool, b.ownPool, b.grain = n, pool, ownPool, offload.DefaultGrain
 }
 
 func (b *base) core() *base  { return b }
@@ -190,7 +192,7 @@ func (b *base) Len() int     { return b.n }
 func (b *base) Steps() int64 { return b.steps.Load() }
 func (b *base) SetSteps(t int64) {
 	if t < 0 {
-		panic(fmt.Sprintf("offload: SetSteps(%d): step count must be >= 0", t))
+		panic(fmt.Sprintf("optim: SetSteps(%d): step count must be >= 0", t))
 	}
 	b.steps.Store(t)
 }
@@ -219,7 +221,7 @@ func (b *base) checkStep(params, grads []float32) {
 //go:noinline
 func panicStep(p, g, n int, closed bool) {
 	if closed {
-		panic("offload: Step after Close")
+		panic("optim: Step after Close")
 	}
-	panic(fmt.Sprintf("offload: Step with len(params)=%d, len(grads)=%d on an optimizer of length %d", p, g, n))
+	panic(fmt.Sprintf("optim: Step with len(params)=%d, len(grads)=%d on an optimizer of length %d", p, g, n))
 }

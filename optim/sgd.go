@@ -1,4 +1,4 @@
-package offload
+package optim
 
 // sgd is stochastic gradient descent with optional (Nesterov) momentum, following
 // torch.optim.SGD with dampening 0:
