@@ -1,5 +1,7 @@
 // Package checkpoint writes and reads qvd's training checkpoints: tensors in the safetensors
 // format, and checkpoint directories that are committed atomically and verified on open.
+// A leaf of docs/architecture.md: it must not import any qvd package outside internal/ (the
+// distributed protocol over it is checkpoint/sharded).
 //
 // # Safetensors
 //

@@ -3,6 +3,8 @@
 // BroadcastBytes for counters, flags and ids — as ring algorithms written
 // against a small frame Transport, so the same schedule runs over an in-process transport in
 // tests and over gRPC streams, raw TCP or shared memory in production.
+// It sits in the parts layer of docs/architecture.md: it must not import cluster, zero, engine,
+// trainer or anything above them; the transports and NCCL import it, never the reverse.
 //
 // Algorithms. AllReduce is the bandwidth-optimal ring of Patarasuk & Yuan (2009) as used in
 // Baidu's ring all-reduce and NCCL: a reduce-scatter followed by an all-gather, each rank

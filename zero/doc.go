@@ -1,6 +1,8 @@
 // Package zero partitions a model's training state across the ranks of a data-parallel group
 // the way ZeRO does (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
 // Trillion Parameter Models"), and runs one rank's part of a training step:
+// It sits in the engines layer of docs/architecture.md: it must not import trainer, configs,
+// job or cmd.
 //
 //   - stage 0 (DDP): every rank holds everything; gradients are all-reduced and every rank
 //     steps the whole optimizer;

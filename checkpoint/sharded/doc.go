@@ -1,6 +1,8 @@
 // Package sharded is qvd's distributed checkpoint protocol on top of package checkpoint:
 // what a group of data-parallel ranks writes into one checkpoint directory, and how any
 // group reads it back.
+// It sits in the training layer of docs/architecture.md and takes the trainer's state through
+// small interfaces: it must not import trainer, engine, zero, configs, job or cmd.
 //
 // It owns the meta.json schema of a training checkpoint ([Meta]), the names of the files in
 // it ([ModelFile], [ShardFile]), which ranks write which optimizer-state shard ([Plan]), the

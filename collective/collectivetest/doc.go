@@ -1,6 +1,8 @@
 // Package collectivetest is the conformance suite for collective.Communicator: one set of
 // tests that every implementation must pass — the ring over the in-process transport, over
 // gRPC streams and raw TCP, and NCCL — in the manner of gonum's testblas.
+// It is imported by tests only, and must not import anything above the collective layer of
+// docs/architecture.md.
 //
 // An implementation's test supplies a Factory that builds a connected group and calls Run for
 // the functional cases (RunSizes where it can make only some group sizes), and RunFaults for

@@ -1,6 +1,8 @@
 // Package grpcnet is a collective.Transport whose frames travel over gRPC bidirectional
 // streams between the gRPC servers the qvd processes run anyway (the cluster's control plane
 // registers its services on the same server).
+// It must not import cluster, zero, engine, trainer or anything above them
+// (docs/architecture.md); it knows ranks only through the roster it is given.
 //
 // Lifecycle. A process builds its server with ServerOptions, calls NewHub on it before it
 // serves, serves it on Listener(l) (frame-header read-ahead: one syscall per received HTTP/2

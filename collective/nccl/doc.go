@@ -3,6 +3,8 @@
 // calls) by staging them through the GPU, and exports device-buffer entry points
 // (AllReduceDevice, ReduceScatterDevice, AllGatherDevice, BroadcastDevice) for a GPU engine
 // whose data already lives on the device.
+// It must not import engine, zero, trainer or anything above them (docs/architecture.md): the
+// CUDA engine hands it device pointers, not its types.
 //
 // Build. Everything that works is built only with the build tag cuda (go build -tags cuda):
 // it uses gorgonia.org/cu, whose package initialisation calls cuInit and exits the process

@@ -1,8 +1,10 @@
 // Package shmnet is qvd's shared-memory data plane: a collective.Transport for the ranks of
-// one job that run on the same host, in place of loopback TCP. cmd/qvd builds it with New
+// one job that run on the same host, in place of loopback TCP. package job builds it with New
 // once the local group (job, rank, size, secret) is known and hands it to collective.NewRing.
 // The ranks must see the same Group.Dir (containers: a shared IPC namespace, which shares
 // /dev/shm); they need not share a pid namespace.
+// It must not import cluster, zero, engine, trainer or anything above them
+// (docs/architecture.md); it knows ranks only through the roster it is given.
 //
 // Layout. Each rank creates one receive segment, a file qvd-<job>-<rank>-<pid> in Group.Dir
 // (default /dev/shm), mode 0600, created with O_EXCL|O_NOFOLLOW. It holds a header page and

@@ -2,6 +2,8 @@
 // plain TCP connections between ranks, authenticated with the job's secret. It is what NCCL
 // and Gloo call a socket transport; the cluster's gRPC control plane only hands out the
 // roster (every rank's data address) and the secret.
+// It must not import cluster, zero, engine, trainer or anything above them
+// (docs/architecture.md); it knows ranks only through the roster it is given.
 //
 // Lifecycle. A process calls Listen once at startup, so that the listener's address can be
 // advertised to the cluster. When a job's roster is known, Listener.Transport returns that
@@ -32,7 +34,7 @@
 // trusts the network it runs on) unless Config.TLS is set.
 //
 // TLS. With Config.TLS every connection runs TLS 1.3, opened before the hello, with both
-// ends' certificates verified (mutual TLS; cmd/qvd uses the cluster's CA, see cluster.TLS):
+// ends' certificates verified (mutual TLS; package job uses the cluster's CA, see cluster.TLS):
 // frames are then encrypted and integrity-protected, and a stranger without a certificate
 // gets no further than the TLS handshake. A certificate refused by either end is
 // collective.ErrAuth, not retried. One difference from plain TCP: a Send cut short by its

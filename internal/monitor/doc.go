@@ -4,7 +4,7 @@
 // docs/architecture.md).
 //
 // Scalars maps a metrics.Record to the scalars both monitors write (the tags are listed
-// there); Sink writes each record to the enabled monitors. cmd/qvd opens a Sink on rank 0 and
+// there); Sink writes each record to the enabled monitors. package job opens a Sink on rank 0 and
 // forwards every record the trainer emits (one per optimizer step and one per evaluation).
 //
 // A fresh run replaces the files of the run it replaces in the same directories (event files

@@ -11,7 +11,7 @@
 // time, and reports the job's world size and rendezvous generation. Every metric carries a
 // constant rank label; qvd's own are prefixed qvd_.
 //
-// Who calls it: cmd/qvd builds one Exporter per process when monitoring.metrics_addr is set,
+// Who calls it: package job builds one Exporter per process when monitoring.metrics_addr is set,
 // passes it to the trainer beside the metrics file, and calls Listen then Close. Write is
 // called from the trainer's step loop and Collect from the HTTP handler's goroutines: both
 // are safe concurrently. Write copies the record's figures into storage reused from step to
@@ -19,5 +19,5 @@
 //
 // Addresses: RankAddr turns the job's metrics_addr into a rank's own, so that the ranks of
 // one machine (qvd launch) do not collide: rank r listens on port+r, and port 0 lets every
-// rank pick a free port (Listen returns it; cmd/qvd logs it).
+// rank pick a free port (Listen returns it; package job logs it).
 package promexport
