@@ -240,7 +240,7 @@ func (m *Member) Communicator(ctx context.Context, r *cluster.Roster, cfg collec
 			for i, mm := range r.Members {
 				addrs[i] = mm.GRPC
 			}
-			t, err = m.hub.Transport(ctx, grpcnet.Group{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret,
+			t, err = m.hub.Transport(ctx, grpcnet.Group{Roster: collective.Roster{Job: r.Job, Rank: r.Rank, Addrs: addrs, Secret: r.Secret},
 				DialOptions: cluster.DialOptions(m.key, m.tls)})
 		}
 		if err != nil {

@@ -192,7 +192,7 @@ func TestWrongSecretRefused(t *testing.T) {
 	nodes := tcpNodes(t, testTuning(), 2)
 	a := group(t, "job", []byte("secret A"), nodes[:1], []string{nodes[0].addr, nodes[1].addr})
 	addrs := []string{nodes[0].addr, nodes[1].addr}
-	tb, err := nodes[1].hub.Transport(context.Background(), Group{Job: "job", Rank: 1, Addrs: addrs, Secret: []byte("secret B")})
+	tb, err := nodes[1].hub.Transport(context.Background(), Group{Roster: collective.Roster{Job: "job", Rank: 1, Addrs: addrs, Secret: []byte("secret B")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestUnknownJobRefused(t *testing.T) {
 	nodes := tcpNodes(t, tune, 2)
 	addrs := []string{nodes[0].addr, nodes[1].addr}
 	a := group(t, "job-a", secret, nodes[:1], addrs)
-	b, err := nodes[1].hub.Transport(context.Background(), Group{Job: "job-b", Rank: 1, Addrs: addrs, Secret: secret})
+	b, err := nodes[1].hub.Transport(context.Background(), Group{Roster: collective.Roster{Job: "job-b", Rank: 1, Addrs: addrs, Secret: secret}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestUnknownJobRefused(t *testing.T) {
 	// The same Send succeeds once the job registers on the receiver within the ctx.
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		tr, err := nodes[1].hub.Transport(context.Background(), Group{Job: "job-a", Rank: 1, Addrs: addrs, Secret: secret})
+		tr, err := nodes[1].hub.Transport(context.Background(), Group{Roster: collective.Roster{Job: "job-a", Rank: 1, Addrs: addrs, Secret: secret}})
 		if err == nil {
 			t.Cleanup(func() { _ = tr.Close() })
 		}
@@ -446,7 +446,7 @@ func TestGroupsIsolated(t *testing.T) {
 	nodes := tcpNodes(t, testTuning(), 2)
 	j1 := group(t, "job-1", []byte("secret 1"), nodes, nil)
 	j2 := group(t, "job-2", []byte("secret 2"), nodes, nil)
-	if _, err := nodes[0].hub.Transport(context.Background(), Group{Job: "job-1", Rank: 0, Addrs: []string{"a", "b"}, Secret: secret}); err == nil {
+	if _, err := nodes[0].hub.Transport(context.Background(), Group{Roster: collective.Roster{Job: "job-1", Rank: 0, Addrs: []string{"a", "b"}, Secret: secret}}); err == nil {
 		t.Fatal("a second transport for job-1 on one hub was accepted")
 	}
 	ctx := ctxFor(t, 10*time.Second)
@@ -709,7 +709,7 @@ func TestHubClose(t *testing.T) {
 	if err := tr[0].Send(ctx, 1, dataHeader(0, 4, 1, 0), make([]byte, 4)); !errors.Is(err, collective.ErrClosed) {
 		t.Fatalf("send on a closed hub's transport: %v", err)
 	}
-	if _, err := nodes[0].hub.Transport(ctx, Group{Job: "new", Rank: 0, Addrs: []string{"a", "b"}, Secret: secret}); !errors.Is(err, collective.ErrClosed) {
+	if _, err := nodes[0].hub.Transport(ctx, Group{Roster: collective.Roster{Job: "new", Rank: 0, Addrs: []string{"a", "b"}, Secret: secret}}); !errors.Is(err, collective.ErrClosed) {
 		t.Fatalf("Transport on a closed hub: %v", err)
 	}
 	// Rank 1 sees rank 0 go.
@@ -742,13 +742,14 @@ func TestBadArguments(t *testing.T) {
 	}
 	// None of them broke the link.
 	exchange(t, ctx, tr, 0, 1, 4, 1)
-	for _, g := range []Group{
+	for _, r := range []collective.Roster{
 		{Rank: 0, Addrs: []string{"a"}, Secret: secret},
 		{Job: "j", Rank: 2, Addrs: []string{"a", "b"}, Secret: secret},
 		{Job: "j", Rank: 0, Addrs: []string{"a", "b"}},
 		{Job: "j", Rank: 0, Addrs: []string{"a", ""}, Secret: secret},
 		{Job: "j", Rank: 0, Secret: secret},
 	} {
+		g := Group{Roster: r}
 		if _, err := nodes[0].hub.Transport(ctx, g); err == nil {
 			t.Errorf("group %+v accepted", g)
 		}

@@ -100,7 +100,7 @@ func group(t testing.TB, job string, secret []byte, nodes []*node, addrs []strin
 	}
 	out := make([]*transport, len(nodes))
 	for r, n := range nodes {
-		g := Group{Job: job, Rank: r, Addrs: addrs, Secret: secret}
+		g := Group{Roster: collective.Roster{Job: job, Rank: r, Addrs: addrs, Secret: secret}}
 		if n.dialer != nil {
 			// Every in-memory node has its own listener; route by address.
 			byAddr := make(map[string]func(context.Context, string) (net.Conn, error))

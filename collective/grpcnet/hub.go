@@ -111,7 +111,7 @@ func (h *Hub) Transport(ctx context.Context, g Group) (collective.Transport, err
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("grpcnet: transport for job %q: %w", g.Job, err)
 	}
-	if err := g.Roster().Validate(); err != nil {
+	if err := g.Roster.Validate(); err != nil {
 		return nil, fmt.Errorf("grpcnet: transport for job %q: %w", g.Job, err)
 	}
 	t := newTransport(h, g)

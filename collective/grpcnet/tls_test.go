@@ -37,7 +37,7 @@ func tlsGroup(t testing.TB, job string, secret []byte, nodes []*node, opts []grp
 	addrs := []string{nodes[0].addr, nodes[1].addr}
 	out := make([]*transport, len(nodes))
 	for r, n := range nodes {
-		tr, err := n.hub.Transport(context.Background(), Group{Job: job, Rank: r, Addrs: addrs, Secret: secret, DialOptions: opts})
+		tr, err := n.hub.Transport(context.Background(), Group{Roster: collective.Roster{Job: job, Rank: r, Addrs: addrs, Secret: secret}, DialOptions: opts})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,13 +17,10 @@ import (
 	"github.com/qvd/qvd/collective"
 )
 
-// Group describes one group of ranks (a training job) once the roster is known. Job, Rank,
-// Addrs (the ranks' gRPC addresses) and Secret are a collective.Roster's, validated as one.
+// Group describes one group of ranks (a training job) once the roster is known: the
+// collective.Roster (Addrs are the ranks' gRPC addresses) and how to dial them.
 type Group struct {
-	Job    string   // job id; part of the authentication
-	Rank   int      // this process's rank
-	Addrs  []string // gRPC address of every rank (index = rank), host:port
-	Secret []byte   // the job's shared secret (handed out with the roster); streams must prove it
+	collective.Roster
 	// DialOptions are applied after DialOptions() (credentials later: TLS).
 	DialOptions []grpc.DialOption
 	// Dialer, if set, opens the connections to peers instead of plain TCP (an in-memory
@@ -31,11 +28,6 @@ type Group struct {
 	// overridden: the transport must keep hold of its connections, because in rare failures
 	// it has to cut one to honour Send's contract (see Send).
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
-}
-
-// Roster is the group's roster part.
-func (g Group) Roster() collective.Roster {
-	return collective.Roster{Job: g.Job, Rank: g.Rank, Addrs: g.Addrs, Secret: g.Secret}
 }
 
 // inQueue and inQueueBytes bound the received frames that may wait for Recv per peer: at
