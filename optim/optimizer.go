@@ -105,20 +105,7 @@ type NamedBuffer struct {
 // ZeRO shard may be empty), with its own Pool of cfg.Threads threads. The state is mapped
 // here, zeroed and outside the Go heap (internal/arena, category arena.Optimizer); where the
 // kernel refuses it the error wraps arena.ErrOutOfMemory.
-func New(cfg Config, n int) (Optimizer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("optim: optimizer config: %w", err)
-	}
-	if n < 0 {
-		return nil, fmt.Errorf("optim: optimizer length must be >= 0, got %d", n)
-	}
-	o, err := build(cfg, n)
-	if err != nil {
-		return nil, err
-	}
-	o.core().init(n, offload.NewPool(cfg.Threads), true)
-	return o, nil
-}
+func New(cfg Config, n int) (Optimizer, error) { return newOn(cfg, n, nil) }
 
 // NewWithPool is New on a Pool that the caller owns and shares with its other passes;
 // cfg.Threads is ignored and Close leaves the pool running.
@@ -126,6 +113,11 @@ func NewWithPool(cfg Config, n int, pool *offload.Pool) (Optimizer, error) {
 	if pool == nil {
 		return nil, errors.New("optim: NewWithPool with a nil pool")
 	}
+	return newOn(cfg, n, pool)
+}
+
+// newOn builds the optimizer on pool, or on a Pool of its own when pool is nil.
+func newOn(cfg Config, n int, pool *offload.Pool) (Optimizer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("optim: optimizer config: %w", err)
 	}
@@ -136,7 +128,11 @@ func NewWithPool(cfg Config, n int, pool *offload.Pool) (Optimizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	o.core().init(n, pool, false)
+	own := pool == nil
+	if own {
+		pool = offload.NewPool(cfg.Threads)
+	}
+	o.core().init(n, pool, own)
 	return o, nil
 }
 
