@@ -7,10 +7,10 @@
 // the gRPC authentication every qvd server and client uses (ServerOptions, DialOptions).
 // The gRPC server itself, and the collectives registered on it, belong to the caller.
 //
-// Who calls it: cmd/qvd. `qvd train --nodes N` builds a Node with RoleCoordinator and calls
-// Coordinate(ctx, job, N, config); `qvd join PEER` builds a RoleWorker Node, calls Join(PEER)
-// and AwaitRoster, and takes the job's config from the roster; `qvd status PEER` calls Status
-// and FormatStatus. The job (package job) watches Events for Failed members (to abort collectives
+// Who calls it: package job, for the commands of cmd/qvd. For `qvd train --nodes N` it builds
+// a Node with RoleCoordinator and calls Coordinate(ctx, job, N, config); for `qvd join PEER` a
+// RoleWorker Node, Join(PEER) and AwaitRoster, taking the job's config from the roster; for
+// `qvd status PEER` Status (cmd/qvd prints the members with FormatStatus). The job (package job) watches Events for Failed members (to abort collectives
 // early, naming the lost rank) and calls SetStep as training goes.
 //
 // Failure detection: memberlist probes each member about once per probe interval; a member

@@ -1,8 +1,10 @@
 package infer
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/model"
@@ -75,4 +77,26 @@ func (r Report) Print(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// Eval loads the model and the test split o names and evaluates it (Load, Evaluate, Report).
+func Eval(o Options) (Report, error) {
+	m, err := Load(o)
+	if err != nil {
+		return Report{}, err
+	}
+	conf, err := m.Evaluate()
+	if err != nil {
+		return Report{}, err
+	}
+	return m.Report(conf), nil
+}
+
+// WriteJSON writes r as indented JSON to path (qvd eval --json).
+func (r Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

@@ -13,7 +13,9 @@
 // in-process communicator, collective.NewInproc). The pieces a caller needs before Run are
 // exported too: ResolveAutoMicro (train.micro_batch: auto, while the config is resolved),
 // StartMember and AwaitJob (a worker joins before it has a config), LoadClusterKey and
-// LoadTLS.
+// LoadTLS. The other commands that join a cluster have their entry points here too: Bench
+// (one rank of `qvd bench`), Status and ServeDashboard (observers, for `qvd status` and
+// `qvd dashboard`).
 //
 // Devices: openDevice is the one place a device is chosen — the CPU backend (CPUDevice, cgo),
 // or a backend of engine's registry (engine.Register: the reference device, and cuda when a

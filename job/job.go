@@ -213,7 +213,7 @@ func (j *job) attach(ctx context.Context, m *Member, r *cluster.Roster) error {
 	if err != nil {
 		return err
 	}
-	if j.cfg.Collective.Transport == "nccl" {
+	if j.cfg.Collective.Transport == collective.TransportNCCL {
 		nc, err := NCCLOver(ctx, d.Comm, LocalRank(j.getenv, r.Rank), j.cfg.Device)
 		if err != nil {
 			d.Close()

@@ -206,14 +206,14 @@ func (m *Member) Communicator(ctx context.Context, r *cluster.Roster, cfg collec
 		return nil, err
 	}
 	requested := cfg.Transport
-	if requested == "nccl" {
-		requested = "grpc"
+	if requested == collective.TransportNCCL {
+		requested = collective.TransportGRPC
 	}
 	plan, reason, err := collective.ChooseTransport(requested, topo, nil)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Transport == "auto" {
+	if cfg.Transport == collective.TransportAuto {
 		m.log.Info("data plane chosen", zap.String("plan", string(plan)), zap.String("why", reason))
 	}
 	d := &DataPlane{Plan: plan, Wire: &collective.WireCounts{}}

@@ -28,20 +28,10 @@ type ObserverOptions struct {
 // returns a view of its members and the function that leaves. A key, TLS files or gossip
 // settings it cannot use are configs.ErrInvalid; a failed join is not.
 func Observe(ctx context.Context, peer string, o ObserverOptions) (*dashboard.ClusterView, func(), error) {
-	key, err := LoadClusterKey(o.KeyFile, o.Getenv, nil)
+	cfg, err := o.clusterConfig("dashboard-")
 	if err != nil {
-		return nil, nil, invalid(err)
+		return nil, nil, err
 	}
-	// Gossip only, but a cluster with TLS refuses members without its CA (cluster.ErrTLSMismatch).
-	_, id, err := LoadTLS(o.TLS, o.Getenv, cluster.TLSConfig{}, nil)
-	if err != nil {
-		return nil, nil, invalid(err)
-	}
-	cfg := configs.Default().Cluster
-	cfg.Key, cfg.Bind, cfg.TLS = key, o.Bind, id
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	cfg.NodeName = "dashboard-" + hex.EncodeToString(b[:])
 	node, err := cluster.New(cfg, cluster.Meta{Role: cluster.RoleObserver}, zap.NewNop())
 	if err != nil {
 		return nil, nil, invalid(err)
@@ -58,4 +48,24 @@ func Observe(ctx context.Context, peer string, o ObserverOptions) (*dashboard.Cl
 		view.Close()
 		_ = node.Close()
 	}, nil
+}
+
+// clusterConfig is the gossip configuration of an observer named prefix plus a random
+// suffix. A key or TLS files it cannot use are configs.ErrInvalid.
+func (o ObserverOptions) clusterConfig(prefix string) (cluster.Config, error) {
+	cfg := configs.Default().Cluster
+	key, err := LoadClusterKey(o.KeyFile, o.Getenv, nil)
+	if err != nil {
+		return cfg, invalid(err)
+	}
+	// Gossip only, but a cluster with TLS refuses members without its CA (cluster.ErrTLSMismatch).
+	_, id, err := LoadTLS(o.TLS, o.Getenv, cluster.TLSConfig{}, nil)
+	if err != nil {
+		return cfg, invalid(err)
+	}
+	cfg.Key, cfg.Bind, cfg.TLS = key, o.Bind, id
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	cfg.NodeName = prefix + hex.EncodeToString(b[:])
+	return cfg, nil
 }

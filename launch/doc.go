@@ -4,7 +4,10 @@
 //     them all when one fails or the caller's context ends, and reports the first cause of a
 //     failure (a rank that hung, was stopped or died), not merely the first exit;
 //   - Nodes places a multi-machine launch the way torchrun's static rendezvous does
-//     (--nnodes, --node-rank, --master-addr, --master-port);
+//     (--nnodes, --node-rank, --master-addr, --master-port), and Prepare gives the workers
+//     their environment (a fresh cluster key, their share of the cores); Train and Bench
+//     build the command lines of `qvd launch`'s and `qvd bench`'s workers, and
+//     ResumeCommand the line that resumes an interrupted run;
 //   - FromEnv maps the environment a SLURM step or a torchrun-style launcher (torchrun,
 //     Kubeflow's PyTorchJob) gives a process to its role, address and name in the job, so
 //     `qvd train` needs no wrapper script there.

@@ -26,17 +26,21 @@ func TestAutoMicroBatchCLI(t *testing.T) {
 // in the file) used to mean auto. A number below 1 is refused naming the flag or key and the
 // value; only the word auto means auto.
 func TestMicroBatchFlagNegative(t *testing.T) {
-	var m microBatchFlag
+	var p *int
+	m := microBatchFlag{&p}
 	for _, s := range []string{"-1", "-2", "0", "1048577"} {
 		if err := m.Set(s); err == nil || !strings.Contains(err.Error(), "train.micro_batch: must be in [1, 1048576] or auto, got "+s) {
 			t.Errorf("Set(%q): %v", s, err)
 		}
 	}
-	if err := m.Set("auto"); err != nil || int(m) != trainer.AutoMicroBatch || m.String() != "auto" {
-		t.Errorf("Set(auto): %v, %d", err, m)
+	if p != nil {
+		t.Errorf("a refused Set stored %d", *p)
 	}
-	if err := m.Set("32"); err != nil || m != 32 {
-		t.Errorf("Set(32): %v, %d", err, m)
+	if err := m.Set("auto"); err != nil || *p != trainer.AutoMicroBatch || m.String() != "auto" {
+		t.Errorf("Set(auto): %v, %v", err, m)
+	}
+	if err := m.Set("32"); err != nil || *p != 32 {
+		t.Errorf("Set(32): %v, %v", err, m)
 	}
 	code, out, errs := runQVD(t, "config", "--micro-batch", "-1", "--effective-batch", "64")
 	if code != exitUsage || !strings.Contains(errs, `invalid value "-1" for flag -micro-batch: train.micro_batch: must be in [1, 1048576] or auto, got -1`) || strings.Contains(errs, "auto chose") {

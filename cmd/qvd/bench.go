@@ -5,19 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"slices"
 	"strconv"
-	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-
-	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/collective/bench"
-	"github.com/qvd/qvd/configs"
-	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/internal/cli"
 	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/launch"
@@ -25,16 +17,13 @@ import (
 
 const benchUsage = "qvd bench: give a collective: allreduce, reducescatter, allgather or broadcast (see qvd bench --help)"
 
-// benchColls are the subcommands of qvd bench.
-var benchColls = bench.Collectives
-
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && isHelpArg(args[:1]) { // the flags are every collective's
-		return cmdBenchColl(ctx, benchColls["allreduce"], args[:1], stdout, stderr)
+	if len(args) > 0 && cli.IsHelpArg(args[:1]) { // the flags are every collective's
+		return cmdBenchColl(ctx, bench.Collectives["allreduce"], args[:1], stdout, stderr)
 	}
 	coll, ok := bench.Collective{}, len(args) > 0
 	if ok {
-		coll, ok = benchColls[args[0]]
+		coll, ok = bench.Collectives[args[0]]
 	}
 	if !ok {
 		fmt.Fprintln(stderr, benchUsage)
@@ -90,8 +79,8 @@ func cmdBenchColl(ctx context.Context, coll bench.Collective, args []string, std
 		usage = fmt.Sprintf("--dtype: %v", ferr)
 	case f.nproc < 1 || f.nproc > 64:
 		usage = fmt.Sprintf("--nproc must be in [1, 64], got %d", f.nproc)
-	case !slices.Contains([]string{"auto", "shm", "tcp", "grpc", "nccl"}, f.transport):
-		usage = fmt.Sprintf("--transport must be auto, shm, tcp, grpc or nccl, got %q", f.transport)
+	case collective.CheckTransport(f.transport) != nil:
+		usage = fmt.Sprintf("--transport %v", collective.CheckTransport(f.transport))
 	case f.root < 0 || f.root >= f.nproc*f.nodes.NNodes:
 		usage = fmt.Sprintf("--root must be in [0, %d), got %d", f.nproc*f.nodes.NNodes, f.root)
 	case f.chunk != 0 && (f.chunk < 4<<10 || f.chunk > 64<<20):
@@ -99,7 +88,7 @@ func cmdBenchColl(ctx context.Context, coll bench.Collective, args []string, std
 	case f.iters < 1 || f.warmup < 0:
 		usage = "--iters must be >= 1 and --warmup >= 0"
 	default:
-		if err := f.nodes.Validate(f.serve || f.mf.keyFile != "" || os.Getenv(clusterKeyEnv) != ""); err != nil {
+		if err := f.nodes.Validate(f.serve || f.mf.keyFile != "" || os.Getenv(job.ClusterKeyEnv) != ""); err != nil {
 			usage = err.Error()
 		}
 	}
@@ -108,8 +97,13 @@ func cmdBenchColl(ctx context.Context, coll bench.Collective, args []string, std
 		return exitUsage
 	}
 	if f.serve {
-		spec := bench.Spec{Coll: coll, Wire: wire, Root: f.root, Iters: f.iters, Warmup: f.warmup, Profile: f.cpuprofile}
-		return benchWorker(ctx, f, spec, sizes, stdout, stderr)
+		err := job.Bench(ctx, job.BenchOptions{Spec: bench.Spec{Coll: coll, Wire: wire, Root: f.root, Iters: f.iters, Warmup: f.warmup, Profile: f.cpuprofile},
+			Sizes: sizes, World: f.nproc, Join: f.join, Transport: f.transport, ChunkBytes: f.chunk, Member: f.mf.options(), Stdout: stdout, Stderr: stderr})
+		if err != nil {
+			fmt.Fprintf(stderr, "qvd bench: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
 	}
 	// Launcher: start nproc workers like `qvd launch` does.
 	exe, err := os.Executable()
@@ -131,90 +125,6 @@ func cmdBenchColl(ctx context.Context, coll bench.Collective, args []string, std
 	if f.mf.keyFile != "" {
 		common = append(common, "--cluster-key-file", f.mf.keyFile)
 	}
-	common = append(common, f.mf.tls.args()...)
-	workers := make([]*launch.Worker, f.nproc)
-	for i := range workers {
-		// Names sort in rank order (rendezvous orders the workers by name), so node R's
-		// workers are ranks R·nproc and up, as qvd launch places them.
-		rank := f.nodes.NodeRank*f.nproc + i
-		bind, grpcBind := p.Addrs(rank)
-		a := append(slices.Clone(common), "--node-name", fmt.Sprintf("bench-%03d", rank), "--bind", bind, "--grpc-bind", grpcBind)
-		if rank != 0 {
-			a = append(a, "--join", p.Coord)
-		}
-		workers[i] = &launch.Worker{Rank: rank, Cmd: exec.Command(exe, a...)}
-		workers[i].Cmd.Env = env
-	}
-	return launchExit(launch.Run(ctx, workers, stdout, stderr))
-}
-
-// benchWorker is one rank: it joins the others, builds the communicator the flags ask for
-// and runs the benchmark on it.
-func benchWorker(ctx context.Context, f benchFlags, spec bench.Spec, sizes []int64, stdout, stderr io.Writer) int {
-	lg, err := job.NewLogger(stderr, "", zapcore.WarnLevel)
-	if err != nil {
-		return exitFailure
-	}
-	defer lg.Close()
-	role, jobID := cluster.RoleWorker, ""
-	if f.join == "" {
-		role, jobID = cluster.RoleCoordinator, job.NewJobID("bench")
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "qvd bench: %v\n", err)
-		return exitFailure
-	}
-	m, err := job.StartMember(configs.Default().Cluster, cluster.TLSConfig{}, role, jobID, f.mf.options(), lg.Log)
-	if err != nil {
-		return fail(err)
-	}
-	defer m.Close()
-	var roster *cluster.Roster
-	if f.join != "" {
-		if err = job.JoinWithRetry(ctx, m, f.join, time.Minute, lg.Log); err == nil {
-			roster, err = m.Node().AwaitRoster(ctx)
-		}
-	} else {
-		roster, err = m.Node().Coordinate(ctx, jobID, f.nproc, []byte("bench"))
-	}
-	if err != nil {
-		return fail(err)
-	}
-	ccfg := collective.DefaultConfig()
-	ccfg.Transport = f.transport
-	if f.chunk > 0 { // --chunk-bytes: every ring's pieces, shared memory's too
-		ccfg.ChunkBytes, ccfg.ShmChunkBytes = f.chunk, f.chunk
-	}
-	if f.transport == "nccl" {
-		ccfg.Transport = "grpc" // NCCL's unique id is exchanged over the gRPC ring
-	}
-	d, err := m.Communicator(ctx, roster, ccfg)
-	if err == nil && f.transport == "nccl" {
-		var nc collective.Communicator
-		if nc, err = job.NCCLOver(ctx, d.Comm, job.LocalRank(os.Getenv, roster.Rank), engine.DefaultConfig()); err != nil {
-			d.Close()
-		}
-		d.Comm = nc
-	}
-	if err != nil {
-		return fail(err)
-	}
-	defer d.Close()
-	comm := d.Comm
-	if comm.Rank() == 0 {
-		fmt.Fprint(stdout, bench.Header(spec, comm.Size(), d.Plan, f.transport, ccfg))
-	}
-	wrong, err := bench.Run(ctx, comm, spec, sizes, stdout)
-	if err != nil {
-		return fail(err)
-	}
-	// Everyone finishes before anyone leaves, so no rank sees a peer vanish mid-call.
-	if err := comm.Barrier(ctx); err != nil {
-		lg.Log.Warn("final barrier", zap.Error(err))
-	}
-	if wrong > 0 {
-		fmt.Fprintf(stderr, "qvd bench: %s: %d wrong elements\n", spec.Coll.Name, wrong)
-		return exitFailure
-	}
-	return exitOK
+	b := launch.Bench{Exe: exe, Env: env, Nodes: f.nodes.Nodes, Place: p, NProc: f.nproc, Args: append(common, f.mf.tls.args()...)}
+	return launchExit(launch.Run(ctx, b.Workers(), stdout, stderr))
 }

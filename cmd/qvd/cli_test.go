@@ -23,17 +23,17 @@ func helpOf(t *testing.T, args ...string) string {
 // the same text; each help starts with a one-line synopsis and ends with 1-3 examples.
 func TestHelpEveryCommand(t *testing.T) {
 	for _, c := range commands() {
-		t.Run(c.name, func(t *testing.T) {
-			long := helpOf(t, c.name, "--help")
-			if short := helpOf(t, c.name, "-h"); short != long {
+		t.Run(c.Name, func(t *testing.T) {
+			long := helpOf(t, c.Name, "--help")
+			if short := helpOf(t, c.Name, "-h"); short != long {
 				t.Errorf("-h and --help differ:\n%s\n----\n%s", short, long)
 			}
-			if viaHelp := helpOf(t, "help", c.name); viaHelp != long {
-				t.Errorf("qvd help %s differs from --help:\n%s\n----\n%s", c.name, viaHelp, long)
+			if viaHelp := helpOf(t, "help", c.Name); viaHelp != long {
+				t.Errorf("qvd help %s differs from --help:\n%s\n----\n%s", c.Name, viaHelp, long)
 			}
 			lines := strings.Split(strings.TrimRight(long, "\n"), "\n")
-			if !strings.HasPrefix(lines[0], "Usage: qvd "+c.name) {
-				t.Errorf("first line %q is not the synopsis of qvd %s", lines[0], c.name)
+			if !strings.HasPrefix(lines[0], "Usage: qvd "+c.Name) {
+				t.Errorf("first line %q is not the synopsis of qvd %s", lines[0], c.Name)
 			}
 			ex := strings.LastIndex(long, "\nExamples:\n")
 			if ex < 0 {
@@ -44,8 +44,8 @@ func TestHelpEveryCommand(t *testing.T) {
 				t.Errorf("%d examples, want 1-3", len(examples))
 			}
 			for _, e := range examples {
-				if !strings.Contains(e, "qvd "+c.name) {
-					t.Errorf("example %q does not run qvd %s", e, c.name)
+				if !strings.Contains(e, "qvd "+c.Name) {
+					t.Errorf("example %q does not run qvd %s", e, c.Name)
 				}
 			}
 		})
@@ -58,8 +58,8 @@ func TestHelpOverview(t *testing.T) {
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
 		out := helpOf(t, args...)
 		for _, c := range commands() {
-			if !strings.Contains(out, "qvd "+c.name) {
-				t.Errorf("qvd %v does not list %s", args, c.name)
+			if !strings.Contains(out, "qvd "+c.Name) {
+				t.Errorf("qvd %v does not list %s", args, c.Name)
 			}
 		}
 	}
@@ -77,15 +77,15 @@ func TestHelpFlags(t *testing.T) {
 	flagLine := regexp.MustCompile(`^  -([\w-]+)( (.+))?$`)
 	backquoted := regexp.MustCompile(`-\w+ qvd `)
 	for _, c := range commands() {
-		help := helpOf(t, c.name, "--help")
+		help := helpOf(t, c.Name, "--help")
 		fs := flagsOf(c)
 		shown := map[string]bool{}
 		for _, line := range strings.Split(help, "\n") {
 			if backquoted.MatchString(line) {
-				t.Errorf("qvd %s: %q: a backquoted word became the argument name", c.name, line)
+				t.Errorf("qvd %s: %q: a backquoted word became the argument name", c.Name, line)
 			}
 			if strings.Count(line, "default") > 1 {
-				t.Errorf("qvd %s: %q gives two defaults", c.name, line)
+				t.Errorf("qvd %s: %q gives two defaults", c.Name, line)
 			}
 			m := flagLine.FindStringSubmatch(line)
 			if m == nil || fs == nil {
@@ -93,7 +93,7 @@ func TestHelpFlags(t *testing.T) {
 			}
 			f := fs.Lookup(m[1])
 			if f == nil {
-				t.Errorf("qvd %s: %q names no flag", c.name, line)
+				t.Errorf("qvd %s: %q names no flag", c.Name, line)
 				continue
 			}
 			shown[f.Name] = true
@@ -102,21 +102,21 @@ func TestHelpFlags(t *testing.T) {
 				isBool = true
 			}
 			if ph := m[3]; isBool != (ph == "") || ph == "string" || ph == "value" {
-				t.Errorf("qvd %s: %q: want a placeholder exactly for flags that take a value", c.name, line)
+				t.Errorf("qvd %s: %q: want a placeholder exactly for flags that take a value", c.Name, line)
 			}
 		}
-		for _, h := range c.hidden {
+		for _, h := range c.Hidden {
 			if shown[h] {
-				t.Errorf("qvd %s shows internal flag -%s", c.name, h)
+				t.Errorf("qvd %s shows internal flag -%s", c.Name, h)
 			}
 			if fs.Lookup(h) == nil {
-				t.Errorf("qvd %s: hidden flag -%s is not defined", c.name, h)
+				t.Errorf("qvd %s: hidden flag -%s is not defined", c.Name, h)
 			}
 		}
 	}
 	bench, _ := lookupCommand("bench")
 	for _, h := range []string{"serve", "join"} {
-		if !contains(bench.hidden, h) {
+		if !contains(bench.Hidden, h) {
 			t.Errorf("bench does not hide -%s", h)
 		}
 	}
@@ -144,11 +144,11 @@ func TestHiddenFlagsAccepted(t *testing.T) {
 // whole usage.
 func TestBadFlagOneLine(t *testing.T) {
 	for _, c := range commands() {
-		if c.flagless {
+		if c.Flagless {
 			continue
 		}
-		args, name := []string{c.name, "--nosuch"}, "-nosuch"
-		switch c.name {
+		args, name := []string{c.Name, "--nosuch"}, "-nosuch"
+		switch c.Name {
 		case "bench":
 			args = []string{"bench", "allreduce", "--nosuch"}
 		case "launch": // launch passes flags it does not know to qvd train: give a bad value
@@ -156,8 +156,8 @@ func TestBadFlagOneLine(t *testing.T) {
 		}
 		code, stdout, stderr := runQVD(t, args...)
 		if code != exitUsage || stdout != "" || strings.Count(stderr, "\n") > 2 ||
-			!strings.Contains(stderr, name) || !strings.Contains(stderr, "qvd "+c.name+" --help") {
-			t.Errorf("qvd %s --nosuch: exit %d, stdout %q, stderr %q; want exit 2 and one line naming the flag and --help", c.name, code, stdout, stderr)
+			!strings.Contains(stderr, name) || !strings.Contains(stderr, "qvd "+c.Name+" --help") {
+			t.Errorf("qvd %s --nosuch: exit %d, stdout %q, stderr %q; want exit 2 and one line naming the flag and --help", c.Name, code, stdout, stderr)
 		}
 	}
 }
@@ -170,8 +170,8 @@ func TestCompletion(t *testing.T) {
 		t.Fatalf("completion bash: exit %d: %s", code, stderr)
 	}
 	for _, c := range commands() {
-		if !strings.Contains(script, c.name) {
-			t.Errorf("bash completion lacks command %s", c.name)
+		if !strings.Contains(script, c.Name) {
+			t.Errorf("bash completion lacks command %s", c.Name)
 		}
 	}
 	for _, f := range []string{"--max-steps", "--zero-stage", "--resume", "--nodes", "-c"} {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/qvd/qvd/checkpoint"
+	"github.com/qvd/qvd/job"
+	"github.com/qvd/qvd/launch"
 )
 
 // The multi-process tests run this test binary itself as qvd: TestMain hands over to run()
@@ -37,7 +39,7 @@ func qvdCmd(t *testing.T, key string, args ...string) (*exec.Cmd, *syncBuffer) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), asQVD+"=1", clusterKeyEnv+"="+key)
+	cmd.Env = append(os.Environ(), asQVD+"=1", job.ClusterKeyEnv+"="+key)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	return cmd, out
@@ -167,7 +169,7 @@ func TestLaunchMatchesSingleProcess(t *testing.T) {
 func TestKilledWorker(t *testing.T) {
 	needDataset(t)
 	out := t.TempDir()
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +253,7 @@ func checkpointSteps(dir string) ([]int64, error) {
 // TestStatusListsMembers: qvd status shows a running job's members with their ranks.
 func TestStatusAndWrongKey(t *testing.T) {
 	needDataset(t)
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +268,7 @@ func TestStatusAndWrongKey(t *testing.T) {
 		}
 		defer func(c *exec.Cmd) { c.Process.Signal(syscall.SIGTERM); c.Wait() }(c)
 	}
-	t.Setenv(clusterKeyEnv, testKey)
+	t.Setenv(job.ClusterKeyEnv, testKey)
 	var status string
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		code, o, _ := runQVD(t, "status", coord)
@@ -284,7 +286,7 @@ func TestStatusAndWrongKey(t *testing.T) {
 	t.Logf("qvd status:\n%s", status)
 
 	// A node with another key is refused, and says why.
-	t.Setenv(clusterKeyEnv, "e5d474cfc838d2e1caf84cce9106813ee2419f3dd22f487a4ade208308af2b48")
+	t.Setenv(job.ClusterKeyEnv, "e5d474cfc838d2e1caf84cce9106813ee2419f3dd22f487a4ade208308af2b48")
 	code, _, errs := runQVD(t, "join", coord, "--bind", "127.0.0.1:0", "--node-name", "intruder")
 	if code == exitOK || !strings.Contains(errs, "key") {
 		t.Fatalf("wrong key: exit %d\n%s", code, errs)

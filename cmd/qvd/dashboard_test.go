@@ -17,6 +17,8 @@ import (
 
 	"github.com/qvd/qvd/internal/dashboard"
 	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/job"
+	"github.com/qvd/qvd/launch"
 )
 
 // TestDashboardServesRealRun: `qvd dashboard RUN_DIR` serves the records a real (tiny)
@@ -184,7 +186,7 @@ func getJSON(t *testing.T, url string, v any) {
 // metrics.jsonl, which `qvd dashboard RUN_DIR` shows.
 func TestDashboardPeer(t *testing.T) {
 	needDataset(t)
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestDashboardPeer(t *testing.T) {
 		}
 		defer func(c *exec.Cmd) { c.Process.Signal(syscall.SIGTERM); c.Wait() }(c)
 	}
-	t.Setenv(clusterKeyEnv, testKey)
+	t.Setenv(job.ClusterKeyEnv, testKey)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	url := startDashboard(t, ctx, coord, "--addr", "127.0.0.1:0", "--bind", "127.0.0.1:0")
@@ -280,7 +282,7 @@ func TestDashboardTarget(t *testing.T) {
 		{"node0:http", "node0:http/metrics.jsonl", ""},
 		{":7946", ":7946/metrics.jsonl", ""},
 	} {
-		if path, peer := dashboardTarget(tc.arg); path != tc.path || peer != tc.peer {
+		if path, peer := job.DashboardTarget(tc.arg); path != tc.path || peer != tc.peer {
 			t.Errorf("%q: path %q peer %q, want %q %q", tc.arg, path, peer, tc.path, tc.peer)
 		}
 	}

@@ -7,14 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/qvd/qvd/configs"
-	"github.com/qvd/qvd/engine"
-	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/metrics"
-	"github.com/qvd/qvd/job"
-	"github.com/qvd/qvd/job/estimate"
-	"github.com/qvd/qvd/model"
-	"github.com/qvd/qvd/optim"
 )
 
 // TestEstimateTable: the DeepSpeed-style table for 1.3B parameters on 8 ranks in fp16 with
@@ -141,26 +134,4 @@ func TestEstimateMatchesTraining(t *testing.T) {
 		}
 	}
 	t.Fatalf("no marked row:\n%s", table)
-}
-
-// estimateInput, peakEstimate and estimatePeak give rss_test.go, which compares qvd
-// estimate's peak with the kernel's, the peak as cmd/qvd had it before job/estimate.
-type estimateInput struct {
-	elems, world, stage  int
-	precision, optimizer string
-	accum                int
-}
-
-type peakEstimate struct{ estimate.Peak }
-
-func (p peakEstimate) total() int64 { return p.Total() }
-
-func estimatePeak(cfg configs.Config, in estimateInput, spec *model.Spec) (peakEstimate, error) {
-	f, err := half.ParseFormat(in.precision)
-	if err != nil {
-		return peakEstimate{}, err
-	}
-	e := estimate.Input{Elems: in.elems, World: in.world, Stage: in.stage, Format: f, Optimizer: optim.Config{Type: in.optimizer}, Accum: in.accum}
-	p, err := e.Peak(cfg, spec, func() (engine.Device, error) { return job.CPUDevice(nil, 0, 0) })
-	return peakEstimate{p}, err
 }

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/qvd/qvd/configs"
@@ -45,22 +43,13 @@ func cmdEval(args []string, stdout, stderr io.Writer) int {
 	if *subset < 0 {
 		return usageError(fs, stderr, "--test-subset must be >= 0, got %d", *subset)
 	}
-	m, err := infer.Load(f.options(*subset, stderr))
+	rep, err := infer.Eval(f.options(*subset, stderr))
 	if err != nil {
 		return inferenceFailed("eval", stderr, err)
 	}
-	conf, err := m.Evaluate()
-	if err != nil {
-		return inferenceFailed("eval", stderr, err)
-	}
-	rep := m.Report(conf)
 	rep.Print(stdout)
 	if *jsonPath != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err == nil {
-			err = os.WriteFile(*jsonPath, append(b, '\n'), 0o644)
-		}
-		if err != nil {
+		if err := rep.WriteJSON(*jsonPath); err != nil {
 			fmt.Fprintf(stderr, "qvd eval: writing --json: %v\n", err)
 			return exitFailure
 		}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/qvd/qvd/configs"
 	"github.com/qvd/qvd/data"
 	"github.com/qvd/qvd/infer"
 	"github.com/qvd/qvd/model"
@@ -142,36 +141,27 @@ func TestEvalBadInput(t *testing.T) {
 	}
 }
 
-// inference is a loaded model as the tests (and the PyTorch comparison) read it.
-type inference struct {
-	cfg    configs.Config
-	spec   *model.Spec
-	layout *model.Layout
-	params []float32
-	test   *data.Dataset
-	norm   data.Normalize
-}
-
 // goLogits runs qvd's inference path (config, weights, normalised test images, model.Forward)
 // and returns the logits of the first n test samples with the loaded model.
-func goLogits(t *testing.T, config, weights string, n int) ([]float32, *inference) {
+func goLogits(t *testing.T, config, weights string, n int) ([]float32, *infer.Model) {
 	t.Helper()
 	m, err := infer.Load(infer.Options{Config: config, Checkpoint: weights, TestSubset: n, Warn: func(s string) { t.Log(s) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inf := &inference{cfg: m.Config, spec: m.Spec, layout: m.Layout, params: m.Params, test: m.Test, norm: m.Norm}
-	return inferenceLogits(t, inf), inf
+	return inferenceLogits(t, m), m
 }
-func inferenceLogits(t *testing.T, inf *inference) []float32 {
+
+// inferenceLogits is the logits of m's whole test split under its parameters.
+func inferenceLogits(t *testing.T, m *infer.Model) []float32 {
 	t.Helper()
-	ds, classes := inf.test, inf.spec.Classes
+	ds, classes := m.Test, m.Spec.Classes
 	b := data.NewBatch(ds.N, ds.SampleSize())
-	if err := ds.FillRange(b, 0, ds.N, inf.norm); err != nil {
+	if err := ds.FillRange(b, 0, ds.N, m.Norm); err != nil {
 		t.Fatal(err)
 	}
 	logits := make([]float32, ds.N*classes)
-	if err := model.Forward(logits, inf.spec, inf.layout, inf.params, b.X, ds.N); err != nil {
+	if err := model.Forward(logits, m.Spec, m.Layout, m.Params, b.X, ds.N); err != nil {
 		t.Fatal(err)
 	}
 	return logits

@@ -23,6 +23,7 @@ import (
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/launch"
 )
 
 // fillDir writes one file into dir until its filesystem returns ENOSPC, ending with single
@@ -166,7 +167,7 @@ type garbageJob struct {
 
 func startGarbageJob(t *testing.T, out string, steps int) *garbageJob {
 	t.Helper()
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

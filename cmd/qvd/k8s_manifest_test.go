@@ -14,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/launch"
 )
 
@@ -68,7 +69,7 @@ func TestKubernetesManifest(t *testing.T) {
 			} `yaml:"template"`
 		} `yaml:"spec"`
 	}
-	var svc, job *object
+	var svc, jobObj *object
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(false)
 	for {
@@ -82,13 +83,13 @@ func TestKubernetesManifest(t *testing.T) {
 		case "Service":
 			svc = &o
 		case "Job":
-			job = &o
+			jobObj = &o
 		}
 	}
-	if svc == nil || job == nil {
+	if svc == nil || jobObj == nil {
 		t.Fatal("qvd-job.yaml: want a Service and a Job")
 	}
-	js := job.Spec
+	js := jobObj.Spec
 	if svc.Spec.ClusterIP != "None" || js.CompletionMode != "Indexed" || js.Template.Spec.Subdomain != svc.Metadata.Name {
 		t.Fatalf("want a headless Service naming an Indexed Job's pods: clusterIP %q, completionMode %q, subdomain %q",
 			svc.Spec.ClusterIP, js.CompletionMode, js.Template.Spec.Subdomain)
@@ -109,9 +110,9 @@ func TestKubernetesManifest(t *testing.T) {
 			if e.ValueFrom.FieldRef.FieldPath != "metadata.annotations['batch.kubernetes.io/job-completion-index']" {
 				t.Errorf("RANK comes from %q, not the completion index", e.ValueFrom.FieldRef.FieldPath)
 			}
-		case e.Name == clusterKeyEnv:
+		case e.Name == job.ClusterKeyEnv:
 			if e.ValueFrom.SecretKeyRef.Name == "" {
-				t.Errorf("%s is not taken from a Secret", clusterKeyEnv)
+				t.Errorf("%s is not taken from a Secret", job.ClusterKeyEnv)
 			}
 		default:
 			env[e.Name] = e.Value
@@ -121,7 +122,7 @@ func TestKubernetesManifest(t *testing.T) {
 	if err != nil || world != js.Completions || world != js.Parallelism {
 		t.Fatalf("WORLD_SIZE %q, completions %d, parallelism %d: want the same number", env["WORLD_SIZE"], js.Completions, js.Parallelism)
 	}
-	if want := fmt.Sprintf("%s-0.%s", job.Metadata.Name, svc.Metadata.Name); env["MASTER_ADDR"] != want {
+	if want := fmt.Sprintf("%s-0.%s", jobObj.Metadata.Name, svc.Metadata.Name); env["MASTER_ADDR"] != want {
 		t.Errorf("MASTER_ADDR %q, want pod 0's name %q", env["MASTER_ADDR"], want)
 	}
 	if len(svc.Spec.Ports) == 0 || strconv.Itoa(svc.Spec.Ports[0].Port) != env["MASTER_PORT"] {

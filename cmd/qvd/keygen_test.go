@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/cluster"
+	"github.com/qvd/qvd/job"
 )
 
 // TestKeygenKeyPasses: keys from `qvd keygen` load and pass the weak-key check, every time;
@@ -23,7 +24,7 @@ func TestKeygenKeyPasses(t *testing.T) {
 		if err := os.WriteFile(p, out.Bytes(), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		key, err := loadClusterKey(p)
+		key, err := job.LoadClusterKey(p, os.Getenv, nil)
 		if err != nil {
 			t.Fatalf("keygen key %d (%s) refused: %v", i, strings.TrimSpace(out.String()), err)
 		}
@@ -35,7 +36,7 @@ func TestKeygenKeyPasses(t *testing.T) {
 	if err := os.WriteFile(weak, []byte("aaaaaaaaaaaaaaaa"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := loadClusterKey(weak)
+	_, err := job.LoadClusterKey(weak, os.Getenv, nil)
 	if err == nil || !strings.Contains(err.Error(), weak) || !strings.Contains(err.Error(), "qvd keygen") {
 		t.Fatalf("weak key file: %v, want an error naming the file and qvd keygen", err)
 	}

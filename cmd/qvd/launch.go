@@ -2,21 +2,16 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
+	"github.com/qvd/qvd/internal/cli"
+	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/launch"
 )
-
-// launchedEnv is set in the environment of qvd launch's workers: the launcher, not its rank 0,
-// prints the command that resumes an interrupted run.
-const launchedEnv = launch.LaunchedEnv
 
 // cmdLaunch starts N local workers on 127.0.0.1 — the first as the coordinator
 // (`qvd train ... --nodes N --bind`), the others with `qvd join` — prefixes their output with
@@ -41,7 +36,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	tf.register(fs)
 	// launch's own flags come first; everything from the first flag it does not know is
 	// passed to the coordinator's `qvd train`.
-	own, rest := splitLaunchArgs(args)
+	own, rest := cli.SplitKnown(fs, args)
 	if code, ok := parseFlags(fs, own, stdout, stderr); !ok {
 		return code
 	}
@@ -49,7 +44,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "qvd launch: --nproc must be in [1, 256], got %d\n", *nproc)
 		return exitUsage
 	}
-	if err := nf.Validate(*keyFile != "" || os.Getenv(clusterKeyEnv) != ""); err != nil {
+	if err := nf.Validate(*keyFile != "" || os.Getenv(job.ClusterKeyEnv) != ""); err != nil {
 		fmt.Fprintf(stderr, "qvd launch: %v\n", err)
 		return exitUsage
 	}
@@ -71,7 +66,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	t.Common, t.Nodes = append(t.Common, tf.args()...), nf.Nodes
 	code = launchExit(launch.Run(ctx, t.Workers(), stdout, stderr))
 	if code == exitInterrupted {
-		fmt.Fprintf(stdout, "resume with: %s\n", resumeCommand(progName()+" launch", args))
+		fmt.Fprintf(stdout, "resume with: %s\n", launch.ResumeCommand(progName()+" launch", args))
 	}
 	return code
 }
@@ -87,36 +82,6 @@ func launchExit(err error) int {
 	return exitFailure
 }
 
-// splitLaunchArgs separates launch's own flags from the train flags after them.
-func splitLaunchArgs(args []string) (own, rest []string) {
-	takes := map[string]bool{"nproc": true, "cluster-key-file": true, "host": true, "tls-ca": true, "tls-cert": true, "tls-key": true,
-		"nnodes": true, "node-rank": true, "master-addr": true, "master-port": true}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		name := strings.TrimLeft(a, "-")
-		if eq := strings.IndexByte(name, '='); eq >= 0 {
-			name = name[:eq]
-			if takes[name] {
-				own = append(own, a)
-				continue
-			}
-		} else if takes[name] && strings.HasPrefix(a, "-") {
-			own = append(own, a)
-			if i+1 < len(args) {
-				own = append(own, args[i+1])
-				i++
-			}
-			continue
-		}
-		if name == "h" || name == "help" {
-			own = append(own, a)
-			continue
-		}
-		return own, args[i:]
-	}
-	return own, nil
-}
-
 // nodeFlags are the multi-machine flags of launch and bench, as torchrun's static rendezvous.
 type nodeFlags struct{ launch.Nodes }
 
@@ -128,24 +93,11 @@ func (nf *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&nf.MasterPort, "master-port", 0, "the coordinator's gossip port, gRPC on the next (default: 29500 with --nnodes > 1, else a free port)")
 }
 
-// prepare readies a launch of nproc local workers under cmd's name, once the flags are
-// valid: the workers' environment (a fresh cluster key unless keyFile or the environment has
-// one; their share of the cores) and where they meet. A non-OK code comes with its message
-// written to stderr.
-func (nf *nodeFlags) prepare(ctx context.Context, fs *flag.FlagSet, cmd, keyFile string, nproc int, stderr io.Writer) (env []string, p launch.Placement, code int) {
-	env = os.Environ()
-	if keyFile == "" && os.Getenv(clusterKeyEnv) == "" {
-		key := make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			fmt.Fprintf(stderr, "%s: generating a cluster key: %v\n", cmd, err)
-			return nil, p, exitFailure
-		}
-		// Passed in the environment, not on the command line, so it does not show in ps.
-		env = append(env, clusterKeyEnv+"="+hex.EncodeToString(key))
-	}
-	env = launch.ShareCores(env, os.Getenv, nproc)
+// prepare readies a launch of nproc local workers under cmd's name once the flags are
+// valid (launch.Nodes.Prepare). A non-OK code comes with its message written to stderr.
+func (nf *nodeFlags) prepare(ctx context.Context, fs *flag.FlagSet, cmd, keyFile string, nproc int, stderr io.Writer) ([]string, launch.Placement, int) {
 	fs.Visit(func(f *flag.Flag) { nf.HostSet = nf.HostSet || f.Name == "host" })
-	p, err := nf.Place(ctx)
+	env, p, err := nf.Prepare(ctx, keyFile, job.ClusterKeyEnv, nproc, os.Environ(), os.Getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		if errors.Is(err, launch.ErrMasterAddr) {

@@ -14,9 +14,6 @@ import (
 	"github.com/qvd/qvd/launch"
 )
 
-// launchGrace is how long the launcher waits after SIGTERM (launch.Grace).
-const launchGrace = launch.Grace
-
 // TestLaunchBlame runs a 3-process job under qvd launch and stops (SIGSTOP) or kills
 // (SIGKILL) rank 1 mid-training. The survivors fail first, naming rank 1; the launcher's
 // headline must name rank 1 — "not responding" when stopped, "died" when killed — and not
@@ -34,7 +31,7 @@ func TestLaunchBlame(t *testing.T) {
 		{syscall.SIGSTOP, "qvd launch: rank 1 not responding (its process is stopped"},
 		{syscall.SIGKILL, "qvd launch: rank 1 died (killed by SIGKILL)"},
 	} {
-		t.Run(signalName(c.sig), func(t *testing.T) {
+		t.Run(launch.SignalName(c.sig), func(t *testing.T) {
 			out := t.TempDir()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -73,7 +70,7 @@ func TestLaunchBlame(t *testing.T) {
 					headline = l
 				}
 			}
-			t.Logf("exit %d, %v after the %s; headline: %s", code, time.Since(at).Round(time.Millisecond), signalName(c.sig), headline)
+			t.Logf("exit %d, %v after the %s; headline: %s", code, time.Since(at).Round(time.Millisecond), launch.SignalName(c.sig), headline)
 			if code != exitFailure || !strings.HasPrefix(headline, c.want) {
 				t.Fatalf("exit %d, headline %q, want exit 1 and %q\nstderr:\n%s", code, headline, c.want, tail(se.String(), 40))
 			}

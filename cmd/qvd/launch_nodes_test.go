@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qvd/qvd/job"
 )
 
 // netnsPair makes two network namespaces joined by a veth pair, 10.213.X.1 and 10.213.X.2,
@@ -121,7 +123,7 @@ func launchNodes(t *testing.T, transport string, privateShm bool) {
 		default:
 			cmd = exec.Command(exe, args...)
 		}
-		cmd.Env = append(launcherEnv(), asQVD+"=1", clusterKeyEnv+"="+testKey)
+		cmd.Env = append(launcherEnv(), asQVD+"=1", job.ClusterKeyEnv+"="+testKey)
 		o := &syncBuffer{}
 		cmd.Stdout, cmd.Stderr = o, o
 		outs, dones = append(outs, o), append(dones, started(t, cmd))
@@ -173,13 +175,13 @@ func TestLaunchNodesFlags(t *testing.T) {
 		{[]string{"--nnodes", "0"}, "--nnodes"},
 		{[]string{"--nnodes", "2", "--master-addr", "h", "--master-port", "65535"}, "--master-port"},
 	} {
-		t.Setenv(clusterKeyEnv, testKey)
+		t.Setenv(job.ClusterKeyEnv, testKey)
 		if code, _, errs := runQVD(t, append([]string{"launch"}, c.args...)...); code != exitUsage || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, %q; want a usage error naming %s", c.args, code, errs, c.want)
 		}
 	}
-	t.Setenv(clusterKeyEnv, "")
-	if code, _, errs := runQVD(t, "launch", "--nnodes", "2", "--master-addr", "h"); code != exitUsage || !strings.Contains(errs, clusterKeyEnv) {
+	t.Setenv(job.ClusterKeyEnv, "")
+	if code, _, errs := runQVD(t, "launch", "--nnodes", "2", "--master-addr", "h"); code != exitUsage || !strings.Contains(errs, job.ClusterKeyEnv) {
 		t.Errorf("no key: exit %d, %q; want a usage error asking for a shared key", code, errs)
 	}
 }

@@ -1,20 +1,29 @@
 // Command qvd is qvd's one binary: `qvd train` and `qvd join` run a training job's processes,
-// and the other commands launch, inspect and measure jobs. It is linked dynamically, with cgo:
-// the CPU backend calls OpenBLAS (libopenblas) and its C kernels, and a build with -tags cuda
-// adds the CUDA backend and NCCL. It maps flags to a configs.Config, calls one library entry
-// point per command (job.Run trains), and maps the error to an exit code.
+// and the other commands launch, inspect and measure jobs.
+//
+// Its role is flags → config → one library call → exit code: each command registers its
+// flags, maps them to a configs.Config or a library package's options, calls one entry point
+// (job.Run trains; launch, infer, job/estimate, collective/bench and internal/cli do the
+// rest), and maps the returned error to an exit code. It must not hold library logic —
+// searches, planners, validation beyond a flag's own syntax, assembly of parts — nor
+// anything a test could only reach by running the binary: that belongs in the packages
+// below it (docs/architecture.md).
+//
+// It is linked dynamically, with cgo: the CPU backend calls OpenBLAS (libopenblas) and its C
+// kernels, and a build with -tags cuda adds the CUDA backend and NCCL.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
+
+	"github.com/qvd/qvd/internal/cli"
+	"github.com/qvd/qvd/launch"
 )
 
 // Exit codes.
@@ -93,22 +102,9 @@ func mainWithSignals() int {
 // context.Canceled, so code that tests for cancellation still sees one.
 type interrupted struct{ sig syscall.Signal }
 
-func (e interrupted) Error() string { return "interrupted by " + signalName(e.sig) }
+func (e interrupted) Error() string { return "interrupted by " + launch.SignalName(e.sig) }
 
 func (e interrupted) Is(target error) bool { return target == context.Canceled }
-
-// signalName is the signal's conventional name ("SIGTERM"), as kill -l lists it.
-func signalName(s syscall.Signal) string {
-	names := map[syscall.Signal]string{
-		syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGABRT: "SIGABRT",
-		syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV", syscall.SIGBUS: "SIGBUS", syscall.SIGPIPE: "SIGPIPE",
-		syscall.SIGTERM: "SIGTERM", syscall.SIGSTOP: "SIGSTOP", syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2",
-	}
-	if n, ok := names[s]; ok {
-		return n
-	}
-	return fmt.Sprintf("signal %d (%v)", int(s), s)
-}
 
 // signalExitCode is code, or 128+signal when a signal stopped the command (a command that
 // still succeeded keeps 0).
@@ -138,30 +134,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "qvd: unknown command %q (see qvd help)\n", args[0])
 		return exitUsage
 	}
-	if c.flagless && isHelpArg(args[1:]) {
+	if c.Flagless && cli.IsHelpArg(args[1:]) {
 		return commandHelp(c, stdout, stderr)
 	}
 	return c.run(ctx, args[1:], stdout, stderr)
-}
-
-// parseOneArg parses a command's flags around its one positional argument (PEER, a path),
-// which may come before or after them. It reports false with the exit code when the
-// command should stop: after -h, or a usage error it has printed.
-func parseOneArg(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (string, int, bool) {
-	var arg string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		arg, args = args[0], args[1:]
-	}
-	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
-		return "", code, false
-	}
-	switch {
-	case arg == "" && fs.NArg() == 1:
-		arg = fs.Arg(0)
-	case arg == "" && fs.NArg() == 0:
-		return "", usageError(fs, stderr, "missing argument"), false
-	case fs.NArg() > 0:
-		return "", usageError(fs, stderr, "unexpected argument %q", fs.Arg(0)), false
-	}
-	return arg, exitOK, true
 }

@@ -48,7 +48,7 @@ func writeImage(t *testing.T, path string, pix []uint8, h, w, scale int, asJPEG 
 func TestPredict(t *testing.T) {
 	run, _, _ := trainShort(t, "fashion-mlp", 40, 100)
 	logits, inf := goLogits(t, "fashion-mlp", run, 100)
-	ds := inf.test
+	ds := inf.Test
 	dir := t.TempDir()
 	var paths []string
 	for i := 0; i < 3; i++ {

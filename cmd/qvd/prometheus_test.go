@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/qvd/qvd/launch"
 )
 
 // metricsURL is the line each rank logs when its endpoint is up (port 0: the port it got).
@@ -49,7 +51,7 @@ func TestPrometheusScrapesLaunch(t *testing.T) {
 		select {
 		case code := <-done:
 			return code
-		case <-time.After(2 * launchGrace):
+		case <-time.After(2 * launch.Grace):
 			t.Fatalf("qvd launch did not stop\n%s", tail(se.String(), 30))
 			return 0
 		}
@@ -86,7 +88,7 @@ scrape_configs:
 `, addrs["0"], addrs["1"])), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

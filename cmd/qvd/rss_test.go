@@ -8,7 +8,12 @@ import (
 	"testing"
 
 	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/internal/half"
+	"github.com/qvd/qvd/job"
+	"github.com/qvd/qvd/job/estimate"
 	"github.com/qvd/qvd/model"
+	"github.com/qvd/qvd/optim"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -45,13 +50,22 @@ func TestZeroStagesRSS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, err := model.NewSpec(cfg.Model, []int{1, 28, 28}, 10)
+	input, classes, err := job.DataShape(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	spec, err := model.NewSpec(cfg.Model, input, classes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateElems, err := optim.StateElems(cfg.Optimizer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	openCPU := func() (engine.Device, error) { return job.CPUDevice(nil, 0, 0) }
 	states := func(stage int) float64 {
 		l := model.NewLayout(spec)
-		m, err := zero.Estimate(zero.Spec{Elems: l.Size, World: 4, Stage: stage, ElemBytes: 4, FP32: true, StateElems: 2,
+		m, err := zero.Estimate(zero.Spec{Elems: l.Size, World: 4, Stage: stage, ElemBytes: 4, FP32: true, StateElems: stateElems,
 			BucketElems: zero.AutoBucketElems(l.Size, 4), Accum: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -62,15 +76,15 @@ func TestZeroStagesRSS(t *testing.T) {
 	for stage := 0; stage <= 2; stage++ {
 		c := cfg
 		c.Train.MicroBatch, c.Train.MaxSteps, c.Data.TestSubset = 16, 3, 500
-		in := estimateInput{elems: model.NewLayout(spec).Size, world: 4, stage: stage, precision: "fp32", optimizer: "adamw", accum: 1}
-		p, err := estimatePeak(c, in, spec)
+		in := estimate.Input{Elems: model.NewLayout(spec).Size, World: 4, Stage: stage, Format: half.FP32, Optimizer: optim.Config{Type: optim.TypeAdamW}, Accum: 1}
+		p, err := in.Peak(c, spec, openCPU)
 		if err != nil {
 			t.Fatal(err)
 		}
-		off := float64(p.total())/peak[stage] - 1
-		t.Logf("stage %d: qvd estimate predicts %.1f MiB, %+.1f%% off the measured peak", stage, float64(p.total())/(1<<20), 100*off)
+		off := float64(p.Total())/peak[stage] - 1
+		t.Logf("stage %d: qvd estimate predicts %.1f MiB, %+.1f%% off the measured peak", stage, float64(p.Total())/(1<<20), 100*off)
 		if off > 0.15 || off < -0.15 {
-			t.Errorf("stage %d: qvd estimate predicts %.1f MiB, the measured peak is %.1f MiB (more than 15%% off)", stage, float64(p.total())/(1<<20), peak[stage]/(1<<20))
+			t.Errorf("stage %d: qvd estimate predicts %.1f MiB, the measured peak is %.1f MiB (more than 15%% off)", stage, float64(p.Total())/(1<<20), peak[stage]/(1<<20))
 		}
 	}
 	for _, stage := range []int{1, 2} {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/launch"
 )
 
 // tiny is a run of a few seconds on the real data.
@@ -76,9 +77,9 @@ func TestResumeCommandQuoting(t *testing.T) {
 		{[]string{"--out", "r", "--overwrite", "--epochs", "2"}, "qvd train --out r --epochs 2 --resume auto"},
 		{[]string{"--overwrite=true", "--out", "r"}, "qvd train --out r --resume auto"},
 	} {
-		got := resumeCommand("qvd train", c.args)
+		got := launch.ResumeCommand("qvd train", c.args)
 		if got != c.want {
-			t.Errorf("resumeCommand(%q) = %s, want %s", c.args, got, c.want)
+			t.Errorf("launch.ResumeCommand(%q) = %s, want %s", c.args, got, c.want)
 		}
 		if w := splitHint(t, got); !strings.Contains(strings.Join(w, "\x00"), "--resume\x00auto") {
 			t.Errorf("%s does not split back into words with --resume auto: %q", got, w)

@@ -13,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qvd/qvd/job"
+	"github.com/qvd/qvd/launch"
 )
 
 // hardeningKey is a random cluster key (`qvd keygen`) for the tests below.
@@ -74,7 +77,7 @@ func TestSignalExitCodes(t *testing.T) {
 	needDataset(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		want := 128 + int(sig)
-		t.Run("train-"+signalName(sig), func(t *testing.T) {
+		t.Run("train-"+launch.SignalName(sig), func(t *testing.T) {
 			out := t.TempDir()
 			cmd, o := qvdCmd(t, hardeningKey, "train", "--out", out, "--epochs", "1000", "--train-subset", "512", "--test-subset", "200", "--quiet")
 			done := started(t, cmd)
@@ -90,13 +93,13 @@ func TestSignalExitCodes(t *testing.T) {
 			cmd.Process.Signal(sig)
 			code := exitWithin(t, "train", done, 60*time.Second, o)
 			if code != want || !strings.Contains(o.String(), "interrupted at step") {
-				t.Fatalf("train after %s: exit %d, want %d and a checkpoint at the step it stopped:\n%s", signalName(sig), code, want, tail(o.String(), 30))
+				t.Fatalf("train after %s: exit %d, want %d and a checkpoint at the step it stopped:\n%s", launch.SignalName(sig), code, want, tail(o.String(), 30))
 			}
 		})
 	}
 
 	// A coordinator waiting for a third member, with one worker waiting for the roster.
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,10 +121,10 @@ func TestSignalExitCodes(t *testing.T) {
 	}{{"qvd join", join, jo, jdone, syscall.SIGINT}, {"the coordinator", train, to, tdone, syscall.SIGTERM}} {
 		c.cmd.Process.Signal(c.sig)
 		code := exitWithin(t, c.what, c.done, 30*time.Second, c.out)
-		msg := "interrupted by " + signalName(c.sig) + " during rendezvous"
+		msg := "interrupted by " + launch.SignalName(c.sig) + " during rendezvous"
 		if code != 128+int(c.sig) || !strings.Contains(c.out.String(), msg) || strings.Contains(c.out.String(), "context canceled") {
 			t.Errorf("%s after %s in the rendezvous: exit %d, want %d and %q (not \"context canceled\"):\n%s",
-				c.what, signalName(c.sig), code, 128+int(c.sig), msg, tail(c.out.String(), 20))
+				c.what, launch.SignalName(c.sig), code, 128+int(c.sig), msg, tail(c.out.String(), 20))
 		}
 	}
 }
@@ -133,14 +136,14 @@ func TestJoinRefusals(t *testing.T) {
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") }))
 	defer web.Close()
 	peer := strings.TrimPrefix(web.URL, "http://")
-	t.Setenv(clusterKeyEnv, hardeningKey)
+	t.Setenv(job.ClusterKeyEnv, hardeningKey)
 	start := time.Now()
 	code, _, errs := runQVD(t, "join", peer, "--bind", "127.0.0.1:0", "--grpc-bind", "127.0.0.1:0", "--node-name", "w")
 	if took := time.Since(start); code != exitFailure || !strings.Contains(errs, peer+" is not a qvd node") || took > 10*time.Second {
 		t.Errorf("join an HTTP server: exit %d after %v, want 1 at once saying %q:\n%s", code, took, peer+" is not a qvd node", errs)
 	}
 
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

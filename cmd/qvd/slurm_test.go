@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qvd/qvd/launch"
 )
 
 // TestSlurmStepMatchesLaunch runs a two-task step without SLURM: two `qvd train` processes
@@ -16,7 +18,7 @@ func TestSlurmStepMatchesLaunch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process")
 	}
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

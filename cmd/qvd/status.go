@@ -4,20 +4,21 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/job"
 )
 
 // cmdStatus joins the cluster through PEER as an observer and prints its members.
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status")
-	keyFile := fs.String("cluster-key-file", "", "file holding the cluster key (default: $"+clusterKeyEnv+")")
+	keyFile := fs.String("cluster-key-file", "", "file holding the cluster key (default: $"+job.ClusterKeyEnv+")")
 	var tf tlsFlags
 	tf.register(fs)
 	bind := fs.String("bind", "0.0.0.0:0", "gossip address of this observer")
@@ -26,32 +27,17 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if !ok {
 		return code
 	}
-	key, err := loadClusterKey(*keyFile)
-	if err != nil {
-		fmt.Fprintf(stderr, "qvd status: %v\n", err)
-		return exitUsage
-	}
 	// The observer talks gossip only, but a cluster with TLS refuses members that do not
 	// show its CA (see cluster.ErrTLSMismatch), so it needs the same --tls-* files.
-	_, id, err := tf.load(cluster.TLSConfig{})
+	members, err := job.Status(ctx, peer, job.ObserverOptions{Bind: *bind, KeyFile: *keyFile, TLS: tf.files(), Getenv: os.Getenv, Timeout: *timeout})
+	if err == nil {
+		err = cluster.FormatStatus(stdout, members)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd status: %v\n", err)
-		return exitUsage
-	}
-	cfg := configs.Default().Cluster
-	cfg.Key, cfg.Bind, cfg.TLS = key, *bind, id
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	cfg.NodeName = "status-" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	members, err := cluster.Status(ctx, cfg, peer, zap.NewNop())
-	if err != nil {
-		fmt.Fprintf(stderr, "qvd status: %v\n", err)
-		return exitFailure
-	}
-	if err := cluster.FormatStatus(stdout, members); err != nil {
-		fmt.Fprintf(stderr, "qvd status: %v\n", err)
+		if errors.Is(err, configs.ErrInvalid) {
+			return exitUsage
+		}
 		return exitFailure
 	}
 	return exitOK

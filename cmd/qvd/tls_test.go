@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/qvd/qvd/cluster"
+	"github.com/qvd/qvd/job"
+	"github.com/qvd/qvd/launch"
 )
 
 // certsFor runs `qvd certs` into a fresh directory and returns it.
@@ -56,8 +58,8 @@ func TestCertsCommand(t *testing.T) {
 	}
 	for _, host := range []string{"127.0.0.1", "node2", "node3"} {
 		a := tlsArgs(dir, host)
-		f := tlsFlags{ca: a[1], cert: a[3], key: a[5]}
-		if _, id, err := f.load(cluster.TLSConfig{}); err != nil || id == nil {
+		f := cluster.TLSConfig{CA: a[1], Cert: a[3], Key: a[5]}
+		if _, id, err := job.LoadTLS(f, os.Getenv, cluster.TLSConfig{}, nil); err != nil || id == nil {
 			t.Fatalf("%s: loading the files: %v", host, err)
 		}
 	}
@@ -100,7 +102,7 @@ func TestTLSJoinRefused(t *testing.T) {
 	needDataset(t)
 	dir := certsFor(t, "127.0.0.1")
 	other := certsFor(t, "127.0.0.1")
-	port, err := freePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +114,7 @@ func TestTLSJoinRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func(c *exec.Cmd) { _ = c.Process.Signal(syscall.SIGTERM); _ = c.Wait() }(train)
-	t.Setenv(clusterKeyEnv, testKey)
+	t.Setenv(job.ClusterKeyEnv, testKey)
 
 	// Wait for the coordinator to answer gossip.
 	statusArgs := append([]string{"status", coord}, tlsArgs(dir, "127.0.0.1")...)

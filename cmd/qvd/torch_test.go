@@ -160,13 +160,13 @@ func TestTorchInterop(t *testing.T) {
 			}
 			ev := readEvalJSON(t, js)
 			qvdLogits, inf := goLogits(t, config, ev.Weights, n)
-			spec := torchSpec(t, inf.cfg, inf.spec)
+			spec := torchSpec(t, inf.Config, inf.Spec)
 			var te torchEval
 			tl := filepath.Join(dir, "torch-logits.f32")
 			torchRun(t, &te, "eval", "--spec", spec, "--weights", ev.Weights, "--subset", fmt.Sprint(n), "--logits", tl)
 			d := maxAbsDiff(qvdLogits, readF32(t, tl))
 			t.Logf("qvd → torch: max |logit difference| %.3g over %d×%d logits; accuracy qvd %.4f, torch %.4f; loss qvd %.6f, torch %.6f",
-				d, n, inf.spec.Classes, ev.Accuracy, te.Accuracy, ev.Loss, te.Loss)
+				d, n, inf.Spec.Classes, ev.Accuracy, te.Accuracy, ev.Loss, te.Loss)
 			if d > 1e-4 {
 				t.Errorf("torch logits differ from qvd's by up to %g, want <= 1e-4", d)
 			}
@@ -183,18 +183,18 @@ func TestTorchInterop(t *testing.T) {
 			tw := filepath.Join(dir, "torch-init.safetensors")
 			var saved struct{ Tensors map[string][]int }
 			torchRun(t, &saved, "init", "--spec", spec, "--seed", "5", "--prefix", "model.", "--out", tw)
-			if len(saved.Tensors) != len(inf.layout.Tensors) {
-				t.Fatalf("torch saved %d tensors, qvd's model has %d", len(saved.Tensors), len(inf.layout.Tensors))
+			if len(saved.Tensors) != len(inf.Layout.Tensors) {
+				t.Fatalf("torch saved %d tensors, qvd's model has %d", len(saved.Tensors), len(inf.Layout.Tensors))
 			}
 			torchRun(t, &te, "eval", "--spec", spec, "--weights", tw, "--prefix", "model.", "--subset", fmt.Sprint(n), "--logits", tl)
-			params := make([]float32, inf.layout.Size)
-			model.Init(inf.spec, inf.layout, params, 1)
+			params := make([]float32, inf.Layout.Size)
+			model.Init(inf.Spec, inf.Layout, params, 1)
 			ic := model.InitConfig{From: tw, Map: []model.Rename{{From: `^model\.`, To: ""}}, Strict: true}
-			rep, err := model.LoadInit(ic, inf.layout, params)
-			if err != nil || len(rep.Loaded) != len(inf.layout.Tensors) {
+			rep, err := model.LoadInit(ic, inf.Layout, params)
+			if err != nil || len(rep.Loaded) != len(inf.Layout.Tensors) {
 				t.Fatalf("init_from the torch file: %v (%+v)", err, rep)
 			}
-			inf.params = params
+			inf.Params = params
 			d = maxAbsDiff(inferenceLogits(t, inf), readF32(t, tl))
 			t.Logf("torch → qvd: max |logit difference| %.3g (torch accuracy %.4f)", d, te.Accuracy)
 			if d > 1e-4 {
@@ -244,14 +244,14 @@ func TestTorchInterop(t *testing.T) {
 			if code != exitOK {
 				t.Fatalf("train with init_from: exit %d\n%s\n%s\n%s", code, text, stdout, stderr)
 			}
-			if c := strings.Count(stderr, "init_from: loaded"); c != len(inf.layout.Tensors) {
-				t.Errorf("%d tensors logged as loaded, want %d", c, len(inf.layout.Tensors))
+			if c := strings.Count(stderr, "init_from: loaded"); c != len(inf.Layout.Tensors) {
+				t.Errorf("%d tensors logged as loaded, want %d", c, len(inf.Layout.Tensors))
 			}
-			stepCfg := inf.cfg
+			stepCfg := inf.Config
 			stepCfg.Model.Dropout = 0
 			ts := filepath.Join(dir, "torch-step.safetensors")
 			var stepped struct{ Loss float64 }
-			torchRun(t, &stepped, "step", "--spec", torchSpec(t, stepCfg, inf.spec), "--weights", tw, "--prefix", "model.",
+			torchRun(t, &stepped, "step", "--spec", torchSpec(t, stepCfg, inf.Spec), "--weights", tw, "--prefix", "model.",
 				"--subset", fmt.Sprint(stepN), "--lr", fmt.Sprint(stepLR), "--out", ts)
 			got := readTensors(t, filepath.Join(out, "checkpoints", "step-00000001", "model.safetensors"))
 			start, want := readTensors(t, tw), readTensors(t, ts)

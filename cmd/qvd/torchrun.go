@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/qvd/qvd/internal/blas"
+	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/launch"
 )
 
@@ -35,7 +36,7 @@ func envTrain(ctx context.Context, f *runFlags, nodes *int, mf *memberFlags, o o
 	if !ok {
 		return exitOK, false
 	}
-	boot, err := newLogger(stderr, "", zapcore.InfoLevel)
+	boot, err := job.NewLogger(stderr, "", zapcore.InfoLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd train: %v\n", err)
 		return exitFailure, true
@@ -46,7 +47,7 @@ func envTrain(ctx context.Context, f *runFlags, nodes *int, mf *memberFlags, o o
 		runtime.GOMAXPROCS(t.Threads)
 		blas.SetThreads(t.Threads)
 	}
-	t.Log(boot.log)
+	t.Log(boot.Log)
 	if t.Coordinator {
 		*nodes = t.World
 		return exitOK, false
@@ -54,8 +55,8 @@ func envTrain(ctx context.Context, f *runFlags, nodes *int, mf *memberFlags, o o
 	// A worker's config comes from the coordinator; only --data is its own (a path on its
 	// machine), as for `qvd join --data`.
 	dataPath := ""
-	if set["data"] {
-		dataPath = f.dataPath
+	if f.o.DataPath != nil {
+		dataPath = *f.o.DataPath
 	}
 	return joinJob(ctx, t.Peer, o, *mf, dataPath, stdout, stderr), true
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/qvd/qvd/cluster"
+	"github.com/qvd/qvd/job"
 	"github.com/qvd/qvd/launch"
 )
 
@@ -31,14 +32,11 @@ func launcherEnv() []string {
 	return env
 }
 
-// freePort is launch.FreePort, for the tests that start a coordinator.
-func freePort(host string) (int, error) { return launch.FreePort(host) }
-
 // freePortPair is a free port whose successor is free too (the coordinator's gRPC port).
 func freePortPair(t *testing.T) int {
 	t.Helper()
 	for range 50 {
-		port, err := freePort("127.0.0.1")
+		port, err := launch.FreePort("127.0.0.1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +68,7 @@ func TestTorchrunEnvJob(t *testing.T) {
 	var dones []<-chan int
 	for rank := range 2 {
 		cmd, o := qvdCmd(t, testKey, append([]string{"train", "--out", out, "--micro-batch", "16"}, small...)...)
-		cmd.Env = append(launcherEnv(), asQVD+"=1", clusterKeyEnv+"="+testKey, "RANK="+fmt.Sprint(rank), "WORLD_SIZE=2",
+		cmd.Env = append(launcherEnv(), asQVD+"=1", job.ClusterKeyEnv+"="+testKey, "RANK="+fmt.Sprint(rank), "WORLD_SIZE=2",
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+fmt.Sprint(port))
 		outs, dones = append(outs, o), append(dones, started(t, cmd))
 	}
@@ -110,25 +108,25 @@ func TestTorchrunEnvJob(t *testing.T) {
 // TestTLSEnvOverConfig (ecosystem item 2): flags > environment > config. QVD_TLS_* win over
 // the config's tls section (which names files that do not exist here), and the flags over both.
 func TestTLSEnvOverConfig(t *testing.T) {
-	env := map[string]string{tlsCAEnv: "env-ca", tlsCertEnv: "env-cert", tlsKeyEnv: "env-key"}
+	env := map[string]string{job.TLSCAEnv: "env-ca", job.TLSCertEnv: "env-cert", job.TLSKeyEnv: "env-key"}
 	getenv := func(k string) string { return env[k] }
 	none := func(string) string { return "" }
 	conf := cluster.TLSConfig{CA: "conf-ca", Cert: "conf-cert", Key: "conf-key"}
-	flags := tlsFlags{ca: "flag-ca", cert: "flag-cert", key: "flag-key"}
+	flags := cluster.TLSConfig{CA: "flag-ca", Cert: "flag-cert", Key: "flag-key"}
 	for _, c := range []struct {
 		name   string
-		flags  tlsFlags
+		flags  cluster.TLSConfig
 		getenv func(string) string
 		conf   cluster.TLSConfig
 		want   string
 	}{
 		{"flags over all", flags, getenv, conf, "flag"},
-		{"environment over config", tlsFlags{}, getenv, conf, "env"},
-		{"config alone", tlsFlags{}, none, conf, "conf"},
-		{"environment alone (a worker)", tlsFlags{}, getenv, cluster.TLSConfig{}, "env"},
-		{"nothing", tlsFlags{}, none, cluster.TLSConfig{}, ""},
+		{"environment over config", cluster.TLSConfig{}, getenv, conf, "env"},
+		{"config alone", cluster.TLSConfig{}, none, conf, "conf"},
+		{"environment alone (a worker)", cluster.TLSConfig{}, getenv, cluster.TLSConfig{}, "env"},
+		{"nothing", cluster.TLSConfig{}, none, cluster.TLSConfig{}, ""},
 	} {
-		got := resolveTLS(c.flags, c.getenv, c.conf)
+		got := job.ResolveTLS(c.flags, c.getenv, c.conf)
 		want := cluster.TLSConfig{}
 		if c.want != "" {
 			want = cluster.TLSConfig{CA: c.want + "-ca", Cert: c.want + "-cert", Key: c.want + "-key"}
@@ -141,15 +139,15 @@ func TestTLSEnvOverConfig(t *testing.T) {
 	// fail (no such files).
 	dir := certsFor(t, "127.0.0.1")
 	a := tlsArgs(dir, "127.0.0.1")
-	t.Setenv(tlsCAEnv, a[1])
-	t.Setenv(tlsCertEnv, a[3])
-	t.Setenv(tlsKeyEnv, a[5])
+	t.Setenv(job.TLSCAEnv, a[1])
+	t.Setenv(job.TLSCertEnv, a[3])
+	t.Setenv(job.TLSKeyEnv, a[5])
 	bogus := cluster.TLSConfig{CA: filepath.Join(dir, "missing-ca.pem"), Cert: filepath.Join(dir, "missing.pem"), Key: filepath.Join(dir, "missing-key.pem")}
-	files, id, err := tlsFlags{}.load(bogus)
+	files, id, err := job.LoadTLS(cluster.TLSConfig{}, os.Getenv, bogus, nil)
 	if err != nil || id == nil || files.CA != a[1] {
 		t.Fatalf("QVD_TLS_* over the config: loaded %+v, %v", files, err)
 	}
-	if _, _, err := (tlsFlags{ca: bogus.CA, cert: bogus.Cert, key: bogus.Key}).load(cluster.TLSConfig{}); err == nil {
+	if _, _, err := job.LoadTLS(bogus, os.Getenv, cluster.TLSConfig{}, nil); err == nil {
 		t.Fatal("flags naming missing files loaded: the environment won over the flags")
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
-	"unicode/utf8"
 
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
@@ -17,148 +15,71 @@ import (
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/internal/cli"
 	"github.com/qvd/qvd/internal/promexport"
 	"github.com/qvd/qvd/job"
+	"github.com/qvd/qvd/launch"
 	"github.com/qvd/qvd/rundir"
 	"github.com/qvd/qvd/trainer"
 )
 
 // runFlags are the flags shared by `train` and `config`: where the config comes from and the
-// fields a flag may override (flags win over the DeepSpeed JSON, which wins over the YAML).
+// fields a flag may override (configs.Overrides: flags win over the DeepSpeed JSON, which
+// wins over the YAML).
 type runFlags struct {
-	fs                      *flag.FlagSet
-	config, deepspeed       string
-	micro, accum, epochs    int
-	effective               int
-	precision, out          string
-	lr                      float64
-	seed                    uint64
-	maxSteps                int64
-	threads                 int
-	trainSubset, testSubset int
-	dataPath                string
-	transport               string
-	device                  string
-	engine                  string
-	zeroStage               int
-	checkpointEvery         int
-	offload                 string
-	recompute int
-	metricsAddr             string
-	dashboardAddr           string
+	fs                *flag.FlagSet
+	config, deepspeed string
+	o                 configs.Overrides
 }
 
-func newRunFlags(name string, stderr io.Writer) *runFlags {
+func newRunFlags(name string) *runFlags {
 	f := &runFlags{fs: newFlagSet(name)}
-	fs := f.fs
+	fs, o := f.fs, &f.o
 	fs.StringVar(&f.config, "c", "", "config: a YAML file, or the name of an embedded config ("+fmt.Sprint(configs.Embedded())+"); default "+configs.DefaultName)
 	fs.StringVar(&f.config, "config", "", "same as -c")
 	fs.StringVar(&f.deepspeed, "deepspeed", "", "a DeepSpeed ds_config.json applied over the config")
-	fs.Var((*microBatchFlag)(&f.micro), "micro-batch", "samples per forward/backward, or auto: the largest that fits the memory budget (train.micro_batch)")
-	fs.IntVar(&f.effective, "effective-batch", 0, "global batch micro-batch auto keeps: micro × accum × world (train.effective_batch)")
-	fs.IntVar(&f.accum, "accum", 0, "micro-batches per optimizer step (train.accum)")
-	fs.StringVar(&f.precision, "precision", "", "fp32, fp16 or bf16 (train.precision)")
-	fs.IntVar(&f.epochs, "epochs", 0, "epochs to train (train.epochs)")
-	fs.Float64Var(&f.lr, "lr", 0, "base learning rate (optimizer.lr)")
-	fs.StringVar(&f.out, "out", "", "run directory for metrics, logs and checkpoints (run.out)")
-	fs.Uint64Var(&f.seed, "seed", 0, "random seed for initialisation and data order (run.seed)")
-	fs.Int64Var(&f.maxSteps, "max-steps", 0, "stop after this many optimizer steps (train.max_steps)")
-	fs.IntVar(&f.threads, "threads", 0, "threads for BLAS and the optimizer (train.threads; 0 = all cores)")
-	fs.IntVar(&f.trainSubset, "train-subset", 0, "train on the first N samples only (data.train_subset)")
-	fs.IntVar(&f.testSubset, "test-subset", 0, "evaluate on the first N test samples only (data.test_subset)")
-	fs.StringVar(&f.dataPath, "data", "", "dataset directory (data.path)")
-	fs.StringVar(&f.transport, "transport", "", "data path between processes: auto (shared memory within a host, TCP across), shm, tcp, grpc or nccl (collective.transport)")
-	fs.StringVar(&f.device, "device", "", "where the engine runs: cpu, cuda (a qvd built with -tags cuda) or reference (the plain-Go reference device) (device.type)")
-	fs.StringVar(&f.engine, "engine", "", "native (qvd's layer engine) or gorgonia (the gorgonia graphs, CPU only) (engine)")
-	fs.IntVar(&f.zeroStage, "zero-stage", 0, "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
-	fs.StringVar(&f.offload, "offload", "", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
-	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
-	fs.IntVar(&f.recompute, "activation-checkpointing", 0, "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on HOST:PORT/metrics; rank r of a job uses PORT+r, PORT 0 a free port each (monitoring.metrics_addr)")
-	fs.StringVar(&f.dashboardAddr, "dashboard-addr", "", "serve the live dashboard (as qvd dashboard does) on HOST:PORT while training, from rank 0; PORT 0 a free port (dashboard.addr)")
+	fs.Var(microBatchFlag{&o.MicroBatch}, "micro-batch", "samples per forward/backward, or auto: the largest that fits the memory budget (train.micro_batch)")
+	cli.Optional(fs, &o.EffectiveBatch, "effective-batch", "global batch micro-batch auto keeps: micro × accum × world (train.effective_batch)")
+	cli.Optional(fs, &o.Accum, "accum", "micro-batches per optimizer step (train.accum)")
+	cli.Optional(fs, &o.Precision, "precision", "fp32, fp16 or bf16 (train.precision)")
+	cli.Optional(fs, &o.Epochs, "epochs", "epochs to train (train.epochs)")
+	cli.Optional(fs, &o.LR, "lr", "base learning rate (optimizer.lr)")
+	cli.Optional(fs, &o.Out, "out", "run directory for metrics, logs and checkpoints (run.out)")
+	cli.Optional(fs, &o.Seed, "seed", "random seed for initialisation and data order (run.seed)")
+	cli.Optional(fs, &o.MaxSteps, "max-steps", "stop after this many optimizer steps (train.max_steps)")
+	cli.Optional(fs, &o.Threads, "threads", "threads for BLAS and the optimizer (train.threads; 0 = all cores)")
+	cli.Optional(fs, &o.TrainSubset, "train-subset", "train on the first N samples only (data.train_subset)")
+	cli.Optional(fs, &o.TestSubset, "test-subset", "evaluate on the first N test samples only (data.test_subset)")
+	cli.Optional(fs, &o.DataPath, "data", "dataset directory (data.path)")
+	cli.Optional(fs, &o.Transport, "transport", "data path between processes: auto (shared memory within a host, TCP across), shm, tcp, grpc or nccl (collective.transport)")
+	cli.Optional(fs, &o.Device, "device", "where the engine runs: cpu, cuda (a qvd built with -tags cuda) or reference (the plain-Go reference device) (device.type)")
+	cli.Optional(fs, &o.Engine, "engine", "native (qvd's layer engine) or gorgonia (the gorgonia graphs, CPU only) (engine)")
+	cli.Optional(fs, &o.ZeroStage, "zero-stage", "ZeRO stage 0, 1 or 2 (zero_optimization.stage)")
+	cli.Optional(fs, &o.Offload, "offload", "optimizer state and step in host memory: none or cpu (zero_optimization.offload_optimizer.device)")
+	cli.Optional(fs, &o.CheckpointEvery, "checkpoint-every", "write a checkpoint every N steps (checkpoint.every_steps; 0 = only at the end and on Ctrl-C)")
+	cli.Optional(fs, &o.Recompute, "activation-checkpointing", "recompute activations in this many segments to save memory; 0 or 1 = off (model.activation_checkpointing.segments)")
+	cli.Optional(fs, &o.MetricsAddr, "metrics-addr", "serve Prometheus metrics on HOST:PORT/metrics; rank r of a job uses PORT+r, PORT 0 a free port each (monitoring.metrics_addr)")
+	cli.Optional(fs, &o.DashboardAddr, "dashboard-addr", "serve the live dashboard (as qvd dashboard does) on HOST:PORT while training, from rank 0; PORT 0 a free port (dashboard.addr)")
 	return f
 }
 
-// resolve builds the run's configuration for one process.
-func (f *runFlags) resolve() (configs.Config, []string, error) { return f.resolveWorld(1) }
-
-// resolveWorld builds the run's configuration: defaults, YAML, DeepSpeed JSON, flags; then
-// job.Resolve's derived values (micro_batch: auto) and validation, for a job of world
-// processes.
+// resolveWorld builds the run's configuration (configs.Overrides.Load), then job.Resolve's
+// derived values (micro_batch: auto) and validation, for a job of world processes.
 func (f *runFlags) resolveWorld(world int) (configs.Config, []string, error) {
-	name := f.config
-	if name == "" {
-		name = configs.DefaultName
-	}
-	cfg, err := configs.Load(name)
+	cfg, ds, err := f.o.Load(f.config, f.deepspeed)
 	if err != nil {
 		return cfg, nil, err
 	}
-	var ds configs.DeepSpeedResult
-	if f.deepspeed != "" {
-		if ds, err = configs.LoadDeepSpeed(&cfg, f.deepspeed); err != nil {
-			return cfg, nil, err
-		}
-	}
-	f.fs.Visit(func(fl *flag.Flag) {
-		switch fl.Name {
-		case "micro-batch":
-			cfg.Train.MicroBatch, ds.MicroSet = f.micro, true
-		case "effective-batch":
-			cfg.Train.EffectiveBatch = f.effective
-		case "accum":
-			cfg.Train.Accum, ds.AccumSet = f.accum, true
-		case "precision":
-			cfg.Train.Precision = f.precision
-		case "epochs":
-			cfg.Train.Epochs = f.epochs
-		case "lr":
-			cfg.Optimizer.LR = f.lr
-		case "out":
-			cfg.Run.Out = f.out
-		case "seed":
-			cfg.Run.Seed = f.seed
-		case "max-steps":
-			cfg.Train.MaxSteps = f.maxSteps
-		case "threads":
-			cfg.Train.Threads = f.threads
-			cfg.Optimizer.Threads = f.threads
-		case "train-subset":
-			cfg.Data.TrainSubset = f.trainSubset
-		case "test-subset":
-			cfg.Data.TestSubset = f.testSubset
-		case "data":
-			cfg.Data.Path = f.dataPath
-		case "transport":
-			cfg.Collective.Transport = f.transport
-		case "device":
-			cfg.Device.Type = f.device
-		case "engine":
-			cfg.Engine = f.engine
-		case "zero-stage":
-			cfg.Zero.Stage = f.zeroStage
-		case "checkpoint-every":
-			cfg.Checkpoint.EverySteps = f.checkpointEvery
-		case "offload":
-			cfg.Zero.OffloadOptimizer.Device = f.offload
-		case "activation-checkpointing":
-			cfg.Model.Recompute.Segments = f.recompute
-		case "metrics-addr":
-			cfg.Monitoring.MetricsAddr = f.metricsAddr
-		case "dashboard-addr":
-			cfg.Dashboard.Addr = f.dashboardAddr
-		}
-	})
 	warns, err := job.Resolve(&cfg, ds, world, job.AutoOptions{LocalRank: job.LocalRank(os.Getenv, 0)})
 	return cfg, warns, err
 }
 
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
-	f := newRunFlags("config", stderr)
+	f := newRunFlags("config")
 	if code, ok := parseFlags(f.fs, args, stdout, stderr); !ok {
 		return code
 	}
-	cfg, warns, err := f.resolve()
+	cfg, warns, err := f.resolveWorld(1)
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd config: %v\n", err)
 		return exitUsage
@@ -176,7 +97,7 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f := newRunFlags("train", stderr)
+	f := newRunFlags("train")
 	var o outputFlags
 	o.register(f.fs)
 	var resume string
@@ -224,8 +145,8 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitUsage
 	}
 	opts.Resume, opts.Warnings, opts.RunDir = resume, warns, rd
-	if os.Getenv(launchedEnv) == "" { // under qvd launch, the launcher prints the hint
-		opts.ResumeHint = resumeCommand(progName()+" train", args)
+	if os.Getenv(launch.LaunchedEnv) == "" { // under qvd launch, the launcher prints the hint
+		opts.ResumeHint = launch.ResumeCommand(progName()+" train", args)
 	}
 	if nodes > 1 {
 		opts.Coordinator = &job.Coordinator{Nodes: nodes, Member: mf.options()}
@@ -316,15 +237,6 @@ func (o *outputFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress line")
 }
 
-func (mf *memberFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&mf.bind, "bind", "", "gossip address host:port of this node (default cluster.bind, 0.0.0.0:7946); gRPC listens on port+1")
-	fs.StringVar(&mf.grpcBind, "grpc-bind", "", "gRPC address host:port (default: the --bind host, gossip port + 1; port 0 picks a free one)")
-	fs.StringVar(&mf.advertise, "advertise", "", "address other nodes should use to reach this one (default: derived from --bind)")
-	fs.StringVar(&mf.nodeName, "node-name", "", "this node's unique name (default: hostname and a random suffix)")
-	fs.StringVar(&mf.keyFile, "cluster-key-file", "", "file holding the cluster key (default: $"+clusterKeyEnv+")")
-	mf.tls.register(fs)
-}
-
 // options are the job.Options these flags give, with the process's streams and environment;
 // false after reporting a bad --log-level.
 func (o outputFlags) options(stdout, stderr io.Writer) (job.Options, bool) {
@@ -334,38 +246,6 @@ func (o outputFlags) options(stdout, stderr io.Writer) (job.Options, bool) {
 		return job.Options{}, false
 	}
 	return job.Options{Stdout: stdout, Stderr: stderr, LogLevel: level, Quiet: o.quiet, MetricsAddr: o.metricsAddr, LookupEnv: os.LookupEnv}, true
-}
-
-// resumeCommand is the command line that resumes a run started as prog with args: the same
-// flags, shell-quoted, with --resume auto in place of any --resume.
-func resumeCommand(prog string, args []string) string {
-	words := []string{prog}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		name, _, inline := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if strings.HasPrefix(a, "-") && name == "resume" {
-			if !inline {
-				i++ // its value
-			}
-			continue
-		}
-		if strings.HasPrefix(a, "-") && name == "overwrite" {
-			continue // a bool flag: it moved the old run aside once, and refuses --resume
-		}
-		words = append(words, shellQuote(a))
-	}
-	return strings.Join(append(words, "--resume", "auto"), " ")
-}
-
-// shellQuote quotes s for a POSIX shell, leaving it bare when it has nothing to quote.
-func shellQuote(s string) string {
-	safe := func(r rune) bool {
-		return r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
-	}
-	if s != "" && strings.IndexFunc(s, func(r rune) bool { return !safe(r) }) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // progName is how the user ran qvd, for commands printed back to them.

@@ -5,6 +5,7 @@
 // micro-batch and accumulation for a memory budget (zero.Recommend). It also measures
 // activation memory per sample, which train.micro_batch: auto uses.
 //
+// Request.Run is the whole command, from the values of its flags (errors name them).
 // It writes tables to the io.Writer it is given and returns errors; it reads no flags and no
 // environment. It must not import cmd/qvd or the job package (job imports it).
 package estimate
