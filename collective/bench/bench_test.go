@@ -52,26 +52,13 @@ func benchInproc(t *testing.T, n int, spec Spec, sizes []int64) (string, []int64
 	return out.String(), wrong
 }
 
-// benchRows returns the data lines of a table, split into fields, after checking the
-// header names nccl-tests' columns and the table closes with the average bus bandwidth.
+// benchRows returns the data lines of a table, split into fields, failing the test when the
+// table is malformed (see ParseTable).
 func benchRows(t *testing.T, table string) [][]string {
 	t.Helper()
-	for _, col := range []string{"size", "count", "type", "redop", "root", "out-of-place", "in-place", "time", "algbw", "busbw", "#wrong"} {
-		if !strings.Contains(table, col) {
-			t.Errorf("no %q column in\n%s", col, table)
-		}
-	}
-	if !strings.Contains(table, "# Avg bus bandwidth    : ") {
-		t.Errorf("no average bus bandwidth line in\n%s", table)
-	}
-	var rows [][]string
-	for _, line := range strings.Split(table, "\n") {
-		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") && !strings.HasPrefix(f[0], "[") {
-			if len(f) != 13 {
-				t.Fatalf("row %q has %d fields, want 13", line, len(f))
-			}
-			rows = append(rows, f)
-		}
+	rows, err := ParseTable(table)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return rows
 }
