@@ -18,6 +18,7 @@ import (
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/collective"
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/elastic"
 	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/dashboard"
 	"github.com/qvd/qvd/internal/monitor"
@@ -52,6 +53,9 @@ type Config struct {
 	// are per node: a worker takes them from its own flags, never from the job's config.
 	Cluster    cluster.Config    `yaml:"cluster" json:"cluster"`
 	Collective collective.Config `yaml:"collective" json:"collective"`
+	// Elastic lets a multi-node job keep training when it loses members (min_nodes > 0;
+	// qvd train --nodes MIN:MAX sets min_nodes and max_nodes).
+	Elastic elastic.Config `yaml:"elastic" json:"elastic"`
 	// TLS names this node's mutual-TLS files (ca, cert, key: all three or none). Per node,
 	// like cluster.bind: a worker takes its own from --tls-* or QVD_TLS_*, never the job's.
 	TLS cluster.TLSConfig `yaml:"tls" json:"tls"`
@@ -106,6 +110,7 @@ func Default() Config {
 		InitStrict: model.DefaultInitConfig().Strict,
 		Cluster:    clusterDefaults(),
 		Collective: collective.DefaultConfig(),
+		Elastic:    elastic.DefaultConfig(),
 		Zero:       zero.DefaultConfig(),
 		Memory:     memory.DefaultConfig(),
 		Monitoring: promexport.DefaultConfig(),
@@ -165,6 +170,7 @@ func (c *Config) Validate() error {
 		add("collective", fmt.Errorf("transport: %w (inproc is for tests)", collective.CheckTransport(c.Collective.Transport)))
 	}
 	add("collective", c.Collective.Validate())
+	add("elastic", c.Elastic.Validate())
 	add("tls", c.TLS.Validate())
 	add("memory", c.Memory.Validate())
 	add("monitoring", c.Monitoring.Validate())

@@ -54,6 +54,10 @@ type Options struct {
 	// Comm is a ready communicator (an in-process group in tests): this process is rank
 	// Comm.Rank() of Comm.Size(). Run does not close it.
 	Comm collective.Communicator
+	// Membership, with Comm and elastic.min_nodes > 0, is the in-process group's elastic
+	// membership (tests): how this rank learns of lost members and re-forms without them.
+	// A cluster member (Coordinator, Worker) has its own.
+	Membership Membership
 }
 
 // Coordinator is Options.Coordinator.
@@ -79,6 +83,8 @@ type job struct {
 	metricsAddr string                 // this worker's own metrics address ("": the job's, see serveMetrics)
 	member      *Member
 	roster      *cluster.Roster
+	mem         Membership // Options.Membership
+	closeGen    func()     // releases a re-formed generation's communicator (nil: none)
 	getenv      func(string) string
 	lookupEnv   func(string) (string, bool)
 
@@ -113,7 +119,10 @@ func Run(ctx context.Context, cfg configs.Config, opts Options) (trainer.Result,
 	case opts.Worker != nil:
 		j.rank, j.world = opts.Worker.Roster.Rank, opts.Worker.Roster.World
 	case opts.Comm != nil:
-		j.rank, j.world, j.comm = opts.Comm.Rank(), opts.Comm.Size(), opts.Comm
+		j.rank, j.world, j.comm, j.mem = opts.Comm.Rank(), opts.Comm.Size(), opts.Comm, opts.Membership
+	}
+	if e := cfg.Elastic; e.Enabled() && j.world > 1 && (j.world < e.MinNodes || j.world > e.MaxNodes) {
+		return trainer.Result{}, invalid(fmt.Errorf("elastic: the job has %d members, outside [min_nodes %d, max_nodes %d]", j.world, e.MinNodes, e.MaxNodes))
 	}
 	if err := j.setup(opts); err != nil {
 		return trainer.Result{}, err
@@ -237,11 +246,7 @@ func (j *job) fail(err error) error {
 
 // run trains and reports; every exit path releases the communicator it built.
 func (j *job) run(ctx context.Context) (trainer.Result, error) {
-	defer func() {
-		if j.plane != nil {
-			j.plane.Close()
-		}
-	}()
+	defer j.closeComm()
 	res, err := j.train(ctx)
 	switch {
 	case err == nil:

@@ -349,8 +349,9 @@ func shmHost(log *zap.Logger) string {
 }
 
 // watchPeers calls lost with a description whenever a member of the roster leaves or fails,
-// so collectives abort at once instead of waiting out their timeout.
-func (m *Member) watchPeers(r *cluster.Roster, lost func(error)) {
+// so collectives abort at once instead of waiting out their timeout; it stops with the
+// member, or when stop closes (nil: never).
+func (m *Member) watchPeers(r *cluster.Roster, lost func(error), stop <-chan struct{}) {
 	ranks := map[string]int{}
 	for i, mm := range r.Members {
 		ranks[mm.Name] = i
@@ -364,6 +365,8 @@ func (m *Member) watchPeers(r *cluster.Roster, lost func(error)) {
 		for {
 			select {
 			case <-m.stop:
+				return
+			case <-stop:
 				return
 			case err := <-left:
 				m.log.Error("lost a member of the job", zap.Error(err))
@@ -386,8 +389,12 @@ func (m *Member) watchPeers(r *cluster.Roster, lost func(error)) {
 						defer t.Stop()
 						select {
 						case <-t.C:
-							left <- err
+							select {
+							case left <- err:
+							case <-stop: // the watch ended: nobody reads left
+							}
 						case <-m.stop:
+						case <-stop:
 						}
 					}()
 					continue

@@ -158,8 +158,8 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	if err != nil {
 		return trainer.Result{}, err
 	}
-	defer t.Close()
-	if j.rank == 0 { // trainer.New has checked checkpoint.dir
+	defer func() { t.Close() }() // the last generation's (elastic training replaces it)
+	if j.rank == 0 {             // trainer.New has checked checkpoint.dir
 		if err := trainer.CheckDir(cfg.Run.Out, (t.TotalSteps()-t.Step())*metricsBytesPerStep); err != nil {
 			return trainer.Result{}, fmt.Errorf("run.out: %w", err)
 		}
@@ -173,7 +173,8 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, err
 	}
 	defer restore()
-	if j.member != nil {
+	mem := j.membership()
+	if j.member != nil && mem == nil {
 		lost := t.Abort
 		if sink.file != nil {
 			lost = func(err error) {
@@ -181,9 +182,41 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 				t.Abort(err)
 			}
 		}
-		j.member.watchPeers(j.roster, lost)
+		j.member.watchPeers(j.roster, lost, nil)
 	}
-	res, err := t.Run(ctx)
+	var res trainer.Result
+	for {
+		var stopWatch func()
+		if mem != nil {
+			cur := t
+			stopWatch = mem.Watch(func(err error) {
+				if sink.file != nil {
+					_ = sink.file.Write(memberLostRecord(err))
+				}
+				cur.Abort(fmt.Errorf("%w: %w", ErrMemberLost, err))
+			})
+		}
+		res, err = t.Run(ctx)
+		if stopWatch != nil {
+			stopWatch()
+		}
+		if err == nil || mem == nil || res.Interrupted || ctx.Err() != nil || !lostMember(err) {
+			break
+		}
+		next, rerr := j.reform(ctx, mem, t, setup, err)
+		if rerr != nil {
+			err = rerr
+			break
+		}
+		t.Close()
+		t = next.t
+		if sink.file != nil {
+			if werr := sink.file.Write(next.rec); werr != nil {
+				err = werr
+				break
+			}
+		}
+	}
 	if sink.file != nil && sink.members != nil {
 		_ = sink.file.Write(sink.members.Final(res.Steps, time.Now())) // a failed write shows at Close
 	}

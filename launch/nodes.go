@@ -130,6 +130,9 @@ type Train struct {
 	NProc  int
 	Args   []string // the coordinator's train flags
 	Common []string // flags of every worker (cluster key file, TLS)
+	// MinNodes > 0 makes the job elastic: the coordinator gets --nodes MinNodes:world, and
+	// RunElastic lets the survivors of a failed worker go on.
+	MinNodes int
 }
 
 // Workers builds the commands of this node's workers.
@@ -148,7 +151,11 @@ func (t Train) Workers() []*Worker {
 		bind, grpcBind := t.Place.Addrs(rank)
 		if rank == 0 {
 			a = append([]string{"train"}, t.Args...)
-			a = append(a, "--nodes", strconv.Itoa(world), "--bind", bind, "--node-name", name)
+			nodes := strconv.Itoa(world)
+			if t.MinNodes > 0 {
+				nodes = strconv.Itoa(t.MinNodes) + ":" + nodes
+			}
+			a = append(a, "--nodes", nodes, "--bind", bind, "--node-name", name)
 		} else {
 			a = []string{"join", t.Place.Coord, "--bind", bind, "--node-name", name}
 			if t.Nodes.NNodes > 1 {

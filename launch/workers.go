@@ -75,6 +75,15 @@ func (w *Worker) remember(line string) {
 // ErrInterrupted when ctx stopped them, and ErrFailed otherwise; the cause is already
 // reported.
 func Run(ctx context.Context, workers []*Worker, stdout, stderr io.Writer) error {
+	return RunElastic(ctx, workers, 0, stdout, stderr)
+}
+
+// RunElastic is Run for an elastic job (elastic.min_nodes minAlive > 0): a worker that fails
+// while at least minAlive others still run is reported and left out — the survivors re-form
+// and keep training — instead of stopping the others. It returns nil when the workers still
+// running at the end all exited 0; a failure that leaves fewer than minAlive running stops
+// the rest as Run does.
+func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, stderr io.Writer) error {
 	var outMu sync.Mutex
 	relay := func(w *Worker, r io.Reader, dst io.Writer, keep bool, done ...*sync.WaitGroup) {
 		defer func() {
@@ -144,6 +153,7 @@ func Run(ctx context.Context, workers []*Worker, stdout, stderr io.Writer) error
 	}
 	var result error
 	var failed *exit
+	lost := 0 // workers an elastic job went on without
 	stopping := false
 	var kill <-chan time.Time
 	if started < len(workers) {
@@ -156,6 +166,13 @@ func Run(ctx context.Context, workers []*Worker, stdout, stderr io.Writer) error
 		case e := <-exits:
 			remaining--
 			e.w.exit = exitOf(e.w.Cmd, e.err)
+			if e.err != nil && !stopping && minAlive > 0 && remaining >= minAlive {
+				outMu.Lock()
+				fmt.Fprintf(stderr, "qvd launch: rank %d exited (%v); the job continues with %d workers (elastic.min_nodes %d)\n", e.w.Rank, e.err, remaining, minAlive)
+				outMu.Unlock()
+				lost++
+				continue
+			}
 			if e.err != nil && failed == nil && !stopping {
 				failed = &e
 				// What the others were doing when this one failed: the rank its error
@@ -196,6 +213,9 @@ func Run(ctx context.Context, workers []*Worker, stdout, stderr io.Writer) error
 	}
 	if failed != nil {
 		fmt.Fprint(stderr, failureReport(failed.w, workers))
+	}
+	if lost > 0 && result == nil {
+		fmt.Fprintf(stderr, "qvd launch: the job finished without %d of its %d workers (elastic)\n", lost, len(workers))
 	}
 	return result
 }

@@ -128,6 +128,12 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 			return err
 		}
 	}
+	if t.mem != nil {
+		if err := t.loadMemoryState(ctx); err != nil {
+			return err
+		}
+		t.mem = nil
+	}
 	t.ckpt.resumed = nil
 	t.pos.step, t.pos.epoch, t.pos.offset, t.pos.skipped = s.Step, int(s.Epoch), int(s.Offset), s.Skipped
 	opt.SetSteps(s.OptimizerSteps)

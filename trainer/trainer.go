@@ -100,6 +100,10 @@ type Setup struct {
 	// to the others, each keeping its shard, so any world size and ZeRO stage can resume any
 	// checkpoint.
 	Resume *checkpoint.Checkpoint
+	// State, if set, is the state to continue from, in memory (TakeState of a survivor's
+	// previous trainer, elastic training): given to every rank or to none, and not with
+	// Resume. Rank 0's copy wins: it is broadcast when Run starts.
+	State *State
 	// ConfigSnapshot is stored in every checkpoint's meta.json (the resolved run config).
 	ConfigSnapshot any
 
@@ -180,6 +184,7 @@ type Trainer struct {
 	log      *zap.Logger
 	adapt    adaptState
 	abort    abortState
+	mem      *State // the in-memory state to start from (Setup.State) until Run has loaded it
 }
 
 // New builds a trainer; with s.Resume it restores weights, optimizer, scaler and data position.
@@ -309,6 +314,16 @@ func New(s Setup) (*Trainer, error) {
 		if err := CheckDir(s.Checkpoint.Dir, t.CheckpointBytes()); err != nil {
 			t.Close()
 			return nil, fmt.Errorf("checkpoint.dir: %w", err)
+		}
+	}
+	if s.State != nil {
+		if s.Resume != nil {
+			t.Close()
+			return nil, errors.New("trainer: Setup has both Resume and State")
+		}
+		if err := t.useState(s.State); err != nil {
+			t.Close()
+			return nil, err
 		}
 	}
 	if s.Resume != nil && t.group.rank == 0 { // the others receive rank 0's state when Run starts

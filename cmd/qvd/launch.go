@@ -30,6 +30,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := newFlagSet("launch")
 	nproc := fs.Int("nproc", 2, "number of local workers")
 	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
+	minNodes := fs.Int("min-nodes", 0, "elastic training: the job keeps training while at least this many workers live (0: a failed worker stops the job)")
 	var nf nodeFlags
 	nf.register(fs)
 	var tf tlsFlags
@@ -53,7 +54,11 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "qvd launch: locating the qvd binary: %v\n", err)
 		return exitFailure
 	}
-	t := launch.Train{Exe: exe, NProc: *nproc, Args: rest}
+	if *minNodes < 0 || *minNodes > *nproc*nf.NNodes {
+		fmt.Fprintf(stderr, "qvd launch: --min-nodes must be in [0, %d] (the job's workers), got %d\n", *nproc*nf.NNodes, *minNodes)
+		return exitUsage
+	}
+	t := launch.Train{Exe: exe, NProc: *nproc, Args: rest, MinNodes: *minNodes}
 	var code int
 	if t.Env, t.Place, code = nf.prepare(ctx, fs, "qvd launch", *keyFile, *nproc, stderr); code != exitOK {
 		return code
@@ -64,7 +69,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	// Every local worker uses the same certificate (one host); QVD_TLS_* pass through the
 	// environment.
 	t.Common, t.Nodes = append(t.Common, tf.args()...), nf.Nodes
-	code = launchExit(launch.Run(ctx, t.Workers(), stdout, stderr))
+	code = launchExit(launch.RunElastic(ctx, t.Workers(), *minNodes, stdout, stderr))
 	if code == exitInterrupted {
 		fmt.Fprintf(stdout, "resume with: %s\n", launch.ResumeCommand(progName()+" launch", args))
 	}

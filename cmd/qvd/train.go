@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
@@ -15,6 +16,7 @@ import (
 	"github.com/qvd/qvd/checkpoint"
 	"github.com/qvd/qvd/cluster"
 	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/elastic"
 	"github.com/qvd/qvd/internal/cli"
 	"github.com/qvd/qvd/internal/promexport"
 	"github.com/qvd/qvd/job"
@@ -96,6 +98,32 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// nodesFlag is --nodes: N, or MIN:MAX (elastic.ParseRange).
+type nodesFlag struct {
+	n        *int
+	min, max int
+	set      bool
+}
+
+func (f *nodesFlag) String() string {
+	if f == nil || f.n == nil {
+		return "1"
+	}
+	if f.min > 0 {
+		return fmt.Sprintf("%d:%d", f.min, f.max)
+	}
+	return strconv.Itoa(*f.n)
+}
+
+func (f *nodesFlag) Set(s string) error {
+	n, lo, hi, err := elastic.ParseRange(s)
+	if err != nil {
+		return err
+	}
+	*f.n, f.min, f.max, f.set = n, lo, hi, true
+	return nil
+}
+
 func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newRunFlags("train")
 	var o outputFlags
@@ -106,7 +134,9 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	f.fs.StringVar(&resume, "resume", "", `continue from a checkpoint directory, or "auto" for the newest valid one in checkpoint.dir (none: start fresh)`)
 	var overwrite bool
 	f.fs.BoolVar(&overwrite, "overwrite", false, "start a new run in a run directory that holds another run: its contents move to <out>.old-<time> (nothing is deleted)")
-	f.fs.IntVar(&nodes, "nodes", 1, "number of processes in the job: > 1 makes this the coordinating member, which waits for nodes-1 workers to run qvd join")
+	nf := &nodesFlag{n: &nodes}
+	nodes = 1
+	f.fs.Var(nf, "nodes", "number of processes in the job: N > 1 makes this the coordinating member, which waits for N-1 workers to run qvd join; MIN:MAX (torchrun's convention) starts with MAX and keeps training down to MIN members (elastic.min_nodes, elastic.max_nodes)")
 	mf.register(f.fs)
 	if code, ok := parseFlags(f.fs, args, stdout, stderr); !ok {
 		return code
@@ -126,6 +156,9 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd train: %v\n", err)
 		return exitUsage
+	}
+	if nf.set { // --nodes N is a fixed-size job, MIN:MAX an elastic one
+		cfg.Elastic.MinNodes, cfg.Elastic.MaxNodes = nf.min, nf.max
 	}
 	// From here the run owns its directory: locked against a second run, checked for another
 	// run's checkpoints and metrics, its run id recorded. Only rank 0 opens it; the workers

@@ -110,6 +110,11 @@ type wireRecord struct {
 	World  int    `json:"world,omitempty"`
 
 	Members []Member `json:"members,omitempty"`
+
+	OldWorld      int           `json:"old_world,omitempty"`
+	Source        string        `json:"source,omitempty"`
+	LostSteps     int64         `json:"lost_steps,omitempty"`
+	ResumeSeconds nullableFloat `json:"resume_seconds,omitempty"`
 }
 
 func (r *Record) toWire() wireRecord {
@@ -142,6 +147,10 @@ func (r *Record) toWire() wireRecord {
 		Detail:         r.Detail,
 		Gen:            r.Gen,
 		World:          r.World,
+		OldWorld:       r.OldWorld,
+		Source:         r.Source,
+		LostSteps:      r.LostSteps,
+		ResumeSeconds:  nullableFloat(r.ResumeSeconds),
 		Members:        r.Members,
 	}
 }
@@ -176,6 +185,10 @@ func (w *wireRecord) record() Record {
 		Detail:         w.Detail,
 		Gen:            w.Gen,
 		World:          w.World,
+		OldWorld:       w.OldWorld,
+		Source:         w.Source,
+		LostSteps:      w.LostSteps,
+		ResumeSeconds:  float64(w.ResumeSeconds),
 		Members:        w.Members,
 	}
 }

@@ -552,6 +552,7 @@ func TestWriteCSV(t *testing.T) {
 		{Kind: KindEval, Time: 1700000002, Step: 2, Epoch: 1, Loss: 0.5, Accuracy: 0.9, Samples: 10000},
 		{Kind: KindEvent, Time: 1700000003, Step: 2, Event: EventRendezvous, Detail: "2 ranks", Gen: 5, World: 2},
 		{Kind: KindMembers, Time: 1700000004, Step: 2, Members: []Member{{Name: "n0", State: "alive", Rank: 0, Step: 2, Gen: 9}}},
+		{Kind: KindEvent, Time: 1700000005, Step: 3, Event: EventReform, Detail: "rank 2 lost", Gen: 6, World: 2, OldWorld: 3, Source: SourceMemory, LostSteps: 1, ResumeSeconds: 0.25},
 	}
 	var buf bytes.Buffer
 	if err := WriteCSV(&buf, recs); err != nil {
@@ -564,15 +565,18 @@ func TestWriteCSV(t *testing.T) {
 	want := [][]string{
 		{"kind", "time", "step", "epoch", "loss", "lr", "scale", "grad_norm", "samples_per_sec", "skipped", "heap_bytes", "rss_bytes",
 			"available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate", "phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples",
-			"oom_skipped", "event", "detail", "gen", "world", "members"},
+			"oom_skipped", "event", "detail", "gen", "world", "members",
+			"old_world", "source", "lost_steps", "resume_seconds"},
 		{"train", "1700000000.5", "1", "0.01", "2.5", "0.001", "65536", "1.25", "1800", "false", "1048576", "2097152",
-			"3145728", "4194304", "5242880", "0.5", "12", "", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", "", "", "", "", "", "", ""},
-		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""},
-		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "0.9", "10000", "", "", "", "", "", ""},
+			"3145728", "4194304", "5242880", "0.5", "12", "", "device_params=4096 host_optimizer=8192", "forward+backward=500 optimizer=300", "gpu0_total=9 gpu0_used=7", "", "", "", "", "", "", "", "", "", "", "", ""},
+		{"train", "1700000001", "2", "0.02", "NaN", "", "", "", "", "true", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""},
+		{"eval", "1700000002", "2", "1", "0.5", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "0.9", "10000", "", "", "", "", "", "", "", "", "", ""},
 		{"event", "1700000003", "2", "0", "0", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "", "",
-			"", "rendezvous", "2 ranks", "5", "2", ""},
+			"", "rendezvous", "2 ranks", "5", "2", "", "", "", "", ""},
 		{"members", "1700000004", "2", "0", "0", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "", "",
-			"", "", "", "", "", `[{"name":"n0","state":"alive","rank":0,"step":2,"gen":"9"}]`},
+			"", "", "", "", "", `[{"name":"n0","state":"alive","rank":0,"step":2,"gen":"9"}]`, "", "", "", ""},
+		{"event", "1700000005", "3", "0", "0", "", "", "", "", "false", "", "", "", "", "", "", "", "", "", "", "", "", "",
+			"", "reform", "rank 2 lost", "6", "2", "", "3", "memory", "1", "0.25"},
 	}
 	if !reflect.DeepEqual(rows, want) {
 		t.Fatalf("CSV:\n got %q\nwant %q", rows, want)

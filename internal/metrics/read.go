@@ -64,6 +64,7 @@ var CSVHeader = []string{
 	"skipped", "heap_bytes", "rss_bytes", "available_bytes", "max_heap_bytes", "live_heap_bytes", "swap_in_rate", "swap_out_rate",
 	"phase_seconds", "memory", "phase_heap", "gpu", "accuracy", "samples",
 	"oom_skipped", "event", "detail", "gen", "world", "members",
+	"old_world", "source", "lost_steps", "resume_seconds",
 }
 
 // WriteCSV writes recs as CSV with a header row. Fields that the JSON form omits when zero
@@ -108,6 +109,10 @@ func WriteCSV(w io.Writer, recs []Record) error {
 			optUint(r.Gen),
 			optInt(int64(r.World)),
 			formatMembers(r.Members),
+			optInt(int64(r.OldWorld)),
+			r.Source,
+			optInt(r.LostSteps),
+			optFloat(r.ResumeSeconds),
 		)
 		if err := cw.Write(row); err != nil {
 			return fmt.Errorf("writing CSV row %d (step %d): %w", i+1, r.Step, err)

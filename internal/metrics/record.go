@@ -31,6 +31,18 @@ const (
 	// EventMicroBatchHalved: memory trouble made every rank halve its micro-batch and double
 	// accumulation after Step; Detail says why.
 	EventMicroBatchHalved = "micro_batch_halved"
+	// EventReform (elastic training): the group lost members and re-formed without them as
+	// generation Gen of World ranks, from OldWorld; Detail is the cause, Source where the
+	// state came from (SourceMemory or SourceCheckpoint), LostSteps how many completed steps
+	// are trained again, ResumeSeconds the time from the loss to the new group holding its
+	// state, ready for its first step. Step is the step it continues from.
+	EventReform = "reform"
+)
+
+// Sources of the state an EventReform continued from.
+const (
+	SourceMemory     = "memory"     // the survivors' in-memory state (ZeRO stage 0: every rank holds it all)
+	SourceCheckpoint = "checkpoint" // the newest complete checkpoint in checkpoint.dir
 )
 
 // Member is one member of the cluster as rank 0 saw it through gossip (see package cluster).
@@ -97,7 +109,13 @@ type Record struct {
 	Event  string `json:"event,omitempty"`      // event only: EventRendezvous, ...
 	Detail string `json:"detail,omitempty"`     // event only: what happened, for people
 	Gen    uint64 `json:"gen,string,omitempty"` // EventRendezvous: the rendezvous generation (a string in JSON: a nanosecond clock does not fit a JavaScript number)
-	World  int    `json:"world,omitempty"`      // EventRendezvous: the group's size
+	World  int    `json:"world,omitempty"`      // EventRendezvous, EventReform: the group's size
 
 	Members []Member `json:"members,omitempty"` // members only
+
+	// EventReform only: see EventReform.
+	OldWorld      int     `json:"old_world,omitempty"`
+	Source        string  `json:"source,omitempty"`
+	LostSteps     int64   `json:"lost_steps,omitempty"`
+	ResumeSeconds float64 `json:"resume_seconds,omitempty"`
 }

@@ -1,0 +1,112 @@
+package elastic
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Source is where a re-formed group takes the training state from. New sources (the
+// neighbours' in-memory shard copies) are added here and chosen by Decide.
+type Source string
+
+// Sources.
+const (
+	// FromMemory: every survivor holds the whole state (ZeRO stage 0, weights and optimizer
+	// moments replicated): the new group's rank 0 broadcasts its copy, nothing is read.
+	FromMemory Source = "memory"
+	// FromCheckpoint: a lost rank's optimizer shard is gone (stages 1-2): the group resumes
+	// from the newest complete checkpoint, resharded to the new world.
+	FromCheckpoint Source = "checkpoint"
+)
+
+// Action is what a group does after a loss.
+type Action int
+
+// Actions.
+const (
+	Continue Action = iota // re-form at the new world from Plan.Source
+	Wait                   // fewer than min_nodes remain: wait up to rejoin_timeout for members
+)
+
+// Loss is what the survivors know when they re-form.
+type Loss struct {
+	OldWorld, NewWorld int   // the group's size before and after the loss
+	Stage              int   // ZeRO stage
+	Step               int64 // the last step the survivors completed
+	// Checkpoint is the step of the newest complete checkpoint, or -1 without one.
+	Checkpoint int64
+	// Micro and Accum are the micro-batch and accumulation in use before the loss.
+	Micro, Accum int
+	// FormerRank0: the survivors include the last generation's rank 0 (it breaks a tie).
+	FormerRank0 bool
+}
+
+// Plan is the decision.
+type Plan struct {
+	Action    Action
+	Source    Source
+	FromStep  int64 // the step training continues after
+	LostSteps int64 // completed steps to be trained again
+	Accum     int   // the accumulation at the new world
+	// Warning, when set, is to be logged: the global batch changed (keep_global_batch false).
+	Warning string
+}
+
+// Errors of Decide.
+var (
+	// ErrNoState: the lost rank's shard is gone and there is no checkpoint to continue from.
+	ErrNoState = errors.New("elastic: no state to continue from")
+	// ErrGlobalBatch: keep_global_batch, and the global batch cannot be split at the new world.
+	ErrGlobalBatch = errors.New("elastic: the global batch cannot be kept")
+	// ErrMinority: the survivors are not a quorum of the last generation, so the other side
+	// of a partition may be training on; this side stops rather than diverge.
+	ErrMinority = errors.New("elastic: not a majority of the last generation")
+)
+
+// Decide is the group's decision after losing members. Survivors that are not a quorum of
+// the last generation stop (ErrMinority): more than half of its members, or exactly half
+// including its rank 0, so at most one side of a partition trains on and writes checkpoints.
+// A world below min_nodes waits (the caller fails with the loss once rejoin_timeout passes);
+// otherwise it continues from memory at stage 0 and from the newest checkpoint at stages
+// 1-2, with the accumulation Accum gives.
+func Decide(cfg Config, l Loss) (Plan, error) {
+	if 2*l.NewWorld < l.OldWorld || (2*l.NewWorld == l.OldWorld && !l.FormerRank0) {
+		return Plan{}, fmt.Errorf("%w: %d of its %d members remain here (a quorum is more than half, or exactly half with its rank 0); the other side may be training on, so this side stops",
+			ErrMinority, l.NewWorld, l.OldWorld)
+	}
+	if l.NewWorld < cfg.MinNodes {
+		return Plan{Action: Wait}, nil
+	}
+	p := Plan{Action: Continue, Source: FromMemory, FromStep: l.Step}
+	if l.Stage > 0 {
+		if l.Checkpoint < 0 {
+			return Plan{}, fmt.Errorf("%w: ZeRO stage %d shards the optimizer state and the lost rank's shard is gone; there is no complete checkpoint in checkpoint.dir to resume from (set checkpoint.every_steps, or use zero_optimization.stage 0, whose survivors hold the whole state)",
+				ErrNoState, l.Stage)
+		}
+		p.Source, p.FromStep, p.LostSteps = FromCheckpoint, l.Checkpoint, max(0, l.Step-l.Checkpoint)
+	}
+	accum, warn, err := Accum(l.Micro, l.Accum, l.OldWorld, l.NewWorld, cfg.KeepGlobalBatch)
+	if err != nil {
+		return Plan{}, err
+	}
+	p.Accum, p.Warning = accum, warn
+	return p, nil
+}
+
+// Accum is the accumulation at newWorld that keeps micro × accum × oldWorld samples per step.
+// When that is not a whole number: with keep an error saying why, without it the nearest
+// accumulation (at least 1) and a warning naming the new global batch.
+func Accum(micro, accum, oldWorld, newWorld int, keep bool) (int, string, error) {
+	global := micro * accum * oldWorld
+	per := micro * newWorld // samples per accumulation step at the new world
+	if global%per == 0 {
+		return global / per, "", nil
+	}
+	near := max(1, (global+per/2)/per)
+	if keep {
+		return 0, "", fmt.Errorf("%w: the global batch is %d (micro_batch %d × accum %d × world %d), not a multiple of micro_batch × new world = %d × %d = %d; set elastic.keep_global_batch: false to continue with accum %d (global batch %d), or choose a micro_batch that divides it",
+			ErrGlobalBatch, global, micro, accum, oldWorld, micro, newWorld, per, near, near*per)
+	}
+	return near, fmt.Sprintf("the global batch changes from %d to %d (micro_batch %d × accum %d × world %d): it cannot be kept at world %d (elastic.keep_global_batch is false)",
+		global, near*per, micro, near, newWorld, newWorld), nil
+}

@@ -1,0 +1,273 @@
+package job
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/qvd/qvd/collective"
+	"github.com/qvd/qvd/configs"
+	"github.com/qvd/qvd/internal/metrics"
+	"github.com/qvd/qvd/trainer"
+)
+
+// inprocGroup is an elastic membership for the ranks of one test process: Reform is a
+// barrier of the ranks still alive, which then get the next generation's in-process ring.
+type inprocGroup struct {
+	mu    sync.Mutex
+	gen   uint64
+	alive []int // original ids in rank order
+	dead  map[int]bool
+	// waiting are the arrivals for generation gen+1 and the channel closed when it forms.
+	waiting map[int]bool
+	formed  chan struct{}
+	next    map[int]Generation
+}
+
+func newInprocGroup(n int) *inprocGroup {
+	g := &inprocGroup{dead: map[int]bool{}, waiting: map[int]bool{}, formed: make(chan struct{})}
+	for i := range n {
+		g.alive = append(g.alive, i)
+	}
+	return g
+}
+
+// member is rank id's Membership.
+func (g *inprocGroup) member(id int) Membership { return &inprocMember{g: g, id: id} }
+
+func (g *inprocGroup) kill(id int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dead[id] = true
+	var alive []int
+	for _, a := range g.alive {
+		if a != id {
+			alive = append(alive, a)
+		}
+	}
+	g.alive = alive
+}
+
+type inprocMember struct {
+	g  *inprocGroup
+	id int
+}
+
+func (m *inprocMember) Watch(lost func(error)) func() { return func() {} } // the transport reports the loss
+
+func (m *inprocMember) Reform(ctx context.Context, cause error, min int, wait time.Duration) (Generation, error) {
+	g := m.g
+	g.mu.Lock()
+	if g.dead[m.id] {
+		g.mu.Unlock()
+		return Generation{}, fmt.Errorf("rank %d was dropped from the group: %w", m.id, cause)
+	}
+	if len(g.alive) < min {
+		g.mu.Unlock()
+		return Generation{}, fmt.Errorf("%d members remain, fewer than min_nodes %d: %w", len(g.alive), min, cause)
+	}
+	g.waiting[m.id] = true
+	formed := g.formed
+	if len(g.waiting) == len(g.alive) {
+		_, ts := collective.NewInproc(len(g.alive), 1)
+		g.gen++
+		g.next = map[int]Generation{}
+		for r, id := range g.alive {
+			ring, err := collective.NewRing(ts[r], collective.DefaultConfig())
+			if err != nil {
+				g.mu.Unlock()
+				return Generation{}, err
+			}
+			tr := ts[r]
+			g.next[id] = Generation{Gen: g.gen, Rank: r, World: len(g.alive), Comm: ring, Close: func() { ring.Close(); tr.Close() }}
+		}
+		g.waiting = map[int]bool{}
+		close(g.formed)
+		g.formed = make(chan struct{})
+	}
+	g.mu.Unlock()
+	select {
+	case <-formed:
+	case <-ctx.Done():
+		return Generation{}, ctx.Err()
+	case <-time.After(30 * time.Second):
+		return Generation{}, errors.New("test: the group did not re-form")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.next[m.id], nil
+}
+
+// killAt is a rank's communicator that dies as it enters the step counters' all-reduce of
+// step `at` (trainer: one four-counter AllReduceInt64 per step, after the gradient's
+// reduction): every rank has completed step at-1 — and its checkpoint — and none can apply
+// step at.
+type killAt struct {
+	collective.Communicator
+	net   *collective.InprocNet
+	group *inprocGroup
+	rank  int
+	at    int
+	calls int
+}
+
+func (k *killAt) AllReduceInt64(ctx context.Context, v []int64, op collective.Op) error {
+	if len(v) == 4 {
+		if k.calls++; k.calls == k.at {
+			k.group.kill(k.rank)
+			k.net.Kill(k.rank)
+			return fmt.Errorf("test: rank %d killed at step %d: %w", k.rank, k.at, collective.ErrClosed)
+		}
+	}
+	return k.Communicator.AllReduceInt64(ctx, v, op)
+}
+
+// elasticConfig is testConfig's job at world 3 (micro 2 × accum 2: global batch 12), elastic
+// down to 2 ranks, checkpointing every 3 steps.
+func elasticConfig(t *testing.T, dir, out string, stage, accum int) configs.Config {
+	t.Helper()
+	text := fmt.Sprintf(`run: {name: elastic, seed: 7, out: %q}
+model: {type: mlp, hidden: [16]}
+data: {path: %q, cache: none}
+train: {micro_batch: 2, accum: %d, epochs: 1, max_steps: 8, eval_batch: 16, threads: 1}
+optimizer: {type: adamw, lr: 0.01}
+zero_optimization: {stage: %d}
+checkpoint: {every_steps: 3, keep: 10}
+elastic: {min_nodes: 2, max_nodes: 3, settle: 0s}
+`, out, dir, accum, stage)
+	cfg, err := configs.Parse([]byte(text), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Resolve()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestElasticLosesARank runs 3 ranks through Run, kills rank 2 at a step boundary, and checks
+// that the 2 survivors re-form, keep the global batch (accum 2 → 3), finish, and end with the
+// weights — bit for bit — of a fresh run at world 2 resumed from the same state: stage 0
+// continues from memory at the step of the loss, stage 2 from the newest checkpoint.
+func TestElasticLosesARank(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := synthData(t, 120, 40)
+	for _, c := range []struct {
+		stage    int
+		killAt   int // the step rank 2 dies in
+		source   string
+		lost     int64
+		fromStep int64 // the state the survivors continue from: checkpoint step-3 holds it
+	}{
+		{stage: 0, killAt: 4, source: metrics.SourceMemory, lost: 0, fromStep: 3},
+		{stage: 2, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3},
+	} {
+		t.Run(fmt.Sprintf("stage%d", c.stage), func(t *testing.T) {
+			out := t.TempDir()
+			cfg := elasticConfig(t, dir, out, c.stage, 2)
+			net, transports := collective.NewInproc(3, 1)
+			group := newInprocGroup(3)
+			res, errs := make([]trainer.Result, 3), make([]error, 3)
+			var stderr [3]bytes.Buffer
+			var wg sync.WaitGroup
+			start := time.Now()
+			for r := range 3 {
+				ring, err := collective.NewRing(transports[r], collective.DefaultConfig())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ring.Close()
+				defer transports[r].Close()
+				var comm collective.Communicator = ring
+				if r == 2 {
+					comm = &killAt{Communicator: ring, net: net, group: group, rank: 2, at: c.killAt}
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res[r], errs[r] = Run(context.Background(), cfg, Options{Stderr: &stderr[r], Quiet: true, Comm: comm, Membership: group.member(r), LogLevel: zapcore.InfoLevel})
+				}()
+			}
+			wg.Wait()
+			t.Logf("elastic run: %v", time.Since(start).Round(time.Millisecond))
+			if errs[2] == nil || !strings.Contains(errs[2].Error(), "killed") {
+				t.Fatalf("rank 2: err = %v", errs[2])
+			}
+			for r := range 2 {
+				if errs[r] != nil {
+					t.Fatalf("rank %d: %v\n%s", r, errs[r], stderr[r].String())
+				}
+				if res[r].Steps != 8 || res[r].Accum != 3 || res[r].WeightsSHA256 != res[0].WeightsSHA256 {
+					t.Fatalf("rank %d: %d steps, accum %d, weights %s; rank 0: %s", r, res[r].Steps, res[r].Accum, res[r].WeightsSHA256, res[0].WeightsSHA256)
+				}
+			}
+			recs, err := metrics.ReadFile(cfg.MetricsPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reform *metrics.Record
+			for i := range recs {
+				if recs[i].Event == metrics.EventReform {
+					reform = &recs[i]
+				}
+			}
+			if reform == nil {
+				t.Fatalf("no reform record in %s", cfg.MetricsPath())
+			}
+			wantFrom := c.fromStep
+			if c.source == metrics.SourceMemory {
+				wantFrom = int64(c.killAt - 1)
+			}
+			if reform.World != 2 || reform.OldWorld != 3 || reform.Source != c.source || reform.LostSteps != c.lost || reform.Step != wantFrom || reform.Gen != 1 || reform.Detail == "" {
+				t.Fatalf("reform record %+v", *reform)
+			}
+			t.Logf("reform: source %s, from step %d, lost %d, %.3f s to resume; cause: %s", reform.Source, reform.Step, reform.LostSteps, reform.ResumeSeconds, reform.Detail)
+
+			// The reference: a fresh run at world 2 (accum 3: the same global batch) resumed
+			// from the checkpoint that holds the state the survivors continued from.
+			ckpt := filepath.Join(cfg.Checkpoint.Dir, fmt.Sprintf("step-%08d", c.fromStep))
+			if _, err := os.Stat(ckpt); err != nil {
+				entries, _ := os.ReadDir(cfg.Checkpoint.Dir)
+				t.Fatalf("no checkpoint at step %d: %v (have %v)", c.fromStep, err, entries)
+			}
+			ref := elasticConfig(t, dir, t.TempDir(), c.stage, 3)
+			ref.Elastic.MinNodes, ref.Elastic.MaxNodes = 0, 0
+			_, rts := collective.NewInproc(2, 1)
+			refRes, refErrs := make([]trainer.Result, 2), make([]error, 2)
+			for r := range 2 {
+				ring, err := collective.NewRing(rts[r], collective.DefaultConfig())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ring.Close()
+				defer rts[r].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					refRes[r], refErrs[r] = Run(context.Background(), ref, Options{Quiet: true, Comm: ring, Resume: ckpt, LogLevel: zapcore.WarnLevel})
+				}()
+			}
+			wg.Wait()
+			for r := range 2 {
+				if refErrs[r] != nil {
+					t.Fatalf("reference rank %d: %v", r, refErrs[r])
+				}
+			}
+			if refRes[0].Steps != 8 || refRes[0].WeightsSHA256 != res[0].WeightsSHA256 {
+				t.Fatalf("the survivors end with weights %s, a fresh world-2 run resumed from %s with %s (%d steps)",
+					res[0].WeightsSHA256, ckpt, refRes[0].WeightsSHA256, refRes[0].Steps)
+			}
+		})
+	}
+}
