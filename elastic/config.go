@@ -89,3 +89,38 @@ func ParseRange(s string) (world, minNodes, maxNodes int, err error) {
 	}
 	return maxNodes, minNodes, maxNodes, nil
 }
+
+// Nodes is the --nodes flag, a flag.Value: World is N, or MAX of MIN:MAX; Min and Max are
+// set only by a range (an elastic job); Given reports that the flag was set.
+type Nodes struct {
+	World, Min, Max int
+	Given           bool
+}
+
+func (n *Nodes) String() string {
+	if n == nil {
+		return "1"
+	}
+	if n.Min > 0 {
+		return fmt.Sprintf("%d:%d", n.Min, n.Max)
+	}
+	return strconv.Itoa(n.World)
+}
+
+// Set parses N or MIN:MAX (ParseRange).
+func (n *Nodes) Set(s string) error {
+	w, lo, hi, err := ParseRange(s)
+	if err != nil {
+		return err
+	}
+	*n = Nodes{World: w, Min: lo, Max: hi, Given: true}
+	return nil
+}
+
+// Apply makes a given flag decide c's node range: --nodes N a fixed-size job (elastic off),
+// MIN:MAX an elastic one.
+func (n Nodes) Apply(c *Config) {
+	if n.Given {
+		c.MinNodes, c.MaxNodes = n.Min, n.Max
+	}
+}

@@ -2,6 +2,8 @@ package elastic
 
 import (
 	"errors"
+	"flag"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +146,37 @@ func TestParseRange(t *testing.T) {
 		if err != nil || w != c.world || lo != c.min || hi != c.max {
 			t.Errorf("ParseRange(%q) = %d, %d, %d, %v", c.in, w, lo, hi, err)
 		}
+	}
+}
+
+func TestNodesFlag(t *testing.T) {
+	for _, c := range []struct {
+		args     []string
+		world    int
+		min, max int // what Apply writes
+		str      string
+	}{
+		{args: nil, world: 1, min: 7, max: 9, str: "1"}, // not given: the config's range stays
+		{args: []string{"--nodes", "4"}, world: 4, str: "4"},
+		{args: []string{"--nodes", "2:4"}, world: 4, min: 2, max: 4, str: "2:4"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		n := Nodes{World: 1}
+		fs.Var(&n, "nodes", "")
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		cfg := Config{MinNodes: 7, MaxNodes: 9}
+		n.Apply(&cfg)
+		if n.World != c.world || cfg.MinNodes != c.min || cfg.MaxNodes != c.max || n.String() != c.str {
+			t.Errorf("%v: world %d, range %d:%d, %q; want %d, %d:%d, %q", c.args, n.World, cfg.MinNodes, cfg.MaxNodes, n.String(), c.world, c.min, c.max, c.str)
+		}
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var n Nodes
+	fs.Var(&n, "nodes", "")
+	if err := fs.Parse([]string{"--nodes", "3:2"}); err == nil || !strings.Contains(err.Error(), "MIN must be <= MAX") {
+		t.Errorf("--nodes 3:2: err = %v", err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
@@ -98,45 +97,17 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// nodesFlag is --nodes: N, or MIN:MAX (elastic.ParseRange).
-type nodesFlag struct {
-	n        *int
-	min, max int
-	set      bool
-}
-
-func (f *nodesFlag) String() string {
-	if f == nil || f.n == nil {
-		return "1"
-	}
-	if f.min > 0 {
-		return fmt.Sprintf("%d:%d", f.min, f.max)
-	}
-	return strconv.Itoa(*f.n)
-}
-
-func (f *nodesFlag) Set(s string) error {
-	n, lo, hi, err := elastic.ParseRange(s)
-	if err != nil {
-		return err
-	}
-	*f.n, f.min, f.max, f.set = n, lo, hi, true
-	return nil
-}
-
 func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f := newRunFlags("train")
 	var o outputFlags
 	o.register(f.fs)
 	var resume string
-	var nodes int
 	var mf memberFlags
 	f.fs.StringVar(&resume, "resume", "", `continue from a checkpoint directory, or "auto" for the newest valid one in checkpoint.dir (none: start fresh)`)
 	var overwrite bool
 	f.fs.BoolVar(&overwrite, "overwrite", false, "start a new run in a run directory that holds another run: its contents move to <out>.old-<time> (nothing is deleted)")
-	nf := &nodesFlag{n: &nodes}
-	nodes = 1
-	f.fs.Var(nf, "nodes", "number of processes in the job: N > 1 makes this the coordinating member, which waits for N-1 workers to run qvd join; MIN:MAX (torchrun's convention) starts with MAX and keeps training down to MIN members (elastic.min_nodes, elastic.max_nodes)")
+	nodes := elastic.Nodes{World: 1}
+	f.fs.Var(&nodes, "nodes", "number of processes in the job: N > 1 makes this the coordinating member, which waits for N-1 workers to run qvd join; MIN:MAX (torchrun's convention) starts with MAX and keeps training down to MIN members (elastic.min_nodes, elastic.max_nodes)")
 	mf.register(f.fs)
 	if code, ok := parseFlags(f.fs, args, stdout, stderr); !ok {
 		return code
@@ -145,21 +116,19 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "qvd train: unexpected argument %q (flags only)\n", f.fs.Arg(0))
 		return exitUsage
 	}
-	if code, handled := envTrain(ctx, f, &nodes, &mf, o, stdout, stderr); handled {
+	if code, handled := envTrain(ctx, f, &nodes.World, &mf, o, stdout, stderr); handled {
 		return code
 	}
-	if nodes < 1 || nodes > 65535 {
-		fmt.Fprintf(stderr, "qvd train: --nodes must be in [1, 65535], got %d\n", nodes)
+	if nodes.World < 1 || nodes.World > 65535 {
+		fmt.Fprintf(stderr, "qvd train: --nodes must be in [1, 65535], got %d\n", nodes.World)
 		return exitUsage
 	}
-	cfg, warns, err := f.resolveWorld(nodes)
+	cfg, warns, err := f.resolveWorld(nodes.World)
 	if err != nil {
 		fmt.Fprintf(stderr, "qvd train: %v\n", err)
 		return exitUsage
 	}
-	if nf.set { // --nodes N is a fixed-size job, MIN:MAX an elastic one
-		cfg.Elastic.MinNodes, cfg.Elastic.MaxNodes = nf.min, nf.max
-	}
+	nodes.Apply(&cfg.Elastic)
 	// From here the run owns its directory: locked against a second run, checked for another
 	// run's checkpoints and metrics, its run id recorded. Only rank 0 opens it; the workers
 	// of the job write their shards under its lock.
@@ -181,8 +150,8 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if os.Getenv(launch.LaunchedEnv) == "" { // under qvd launch, the launcher prints the hint
 		opts.ResumeHint = launch.ResumeCommand(progName()+" train", args)
 	}
-	if nodes > 1 {
-		opts.Coordinator = &job.Coordinator{Nodes: nodes, Member: mf.options()}
+	if nodes.World > 1 {
+		opts.Coordinator = &job.Coordinator{Nodes: nodes.World, Member: mf.options()}
 	}
 	res, err := job.Run(ctx, cfg, opts)
 	return jobExit(stderr, res, err)
