@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/qvd/qvd/internal/half"
 	"github.com/qvd/qvd/internal/vec"
 )
 
@@ -238,9 +239,14 @@ func (c *call) finalize(e elems) {
 	if !e.dt.float() {
 		return
 	}
-	x := e.f
-	if c.red == Avg {
-		if n := c.r.size; n&(n-1) == 0 {
+	finalizeFloats(e.f, c.red, c.r.size, e.wire())
+}
+
+// finalizeFloats is finalize for a reduced fp32 run among n ranks (the ring's and the
+// direct path's).
+func finalizeFloats(x []float32, red Op, n int, wire half.Format) {
+	if red == Avg {
+		if n&(n-1) == 0 {
 			vec.Scale(x, 1/float32(n)) // exact: a power of two's reciprocal is exact
 		} else {
 			n := float32(n)
@@ -249,7 +255,7 @@ func (c *call) finalize(e elems) {
 			}
 		}
 	}
-	vec.Round(x, e.wire())
+	vec.Round(x, wire)
 }
 
 // next returns the next frame for c, waiting at most Config.Timeout for it.

@@ -93,6 +93,10 @@ var (
 
 func (c *counting) WireCounts() *WireCounts { return c.counts }
 
+// Unwrap returns the counted transport: the Ring finds its SharedMemory extension there
+// (the direct path adds its bytes to WireCounts itself).
+func (c *counting) Unwrap() Transport { return c.Transport }
+
 func (c *counting) Send(ctx context.Context, peer int, h Header, payload []byte) error {
 	err := c.Transport.Send(ctx, peer, h, payload)
 	if err == nil {

@@ -34,7 +34,11 @@
 // is an in-process Transport with fault injection (delay, drop, partition, kill) for tests.
 // Hierarchical (hier.go) composes two Communicators for a job on several hosts: a ring over
 // shared memory among the ranks of each host and one over TCP among the ranks with the same
-// local rank across hosts, so most bytes cross the cheap link. Topology and ChooseTransport
+// local rank across hosts, so most bytes cross the cheap link. Over a transport that is a
+// SharedMemory (shared.go; shared memory), Ring.AllocShared hands out buffers that every peer
+// maps, and a float call on such buffers takes the direct path (direct.go): no frames, each
+// rank reducing its shard from the peers' buffers in place and writing it into theirs.
+// Topology and ChooseTransport
 // (topology.go) decide, from the ranks' host ids, which data plane collective.transport auto
 // gets. Roster and Jobs (roster.go) are the job roster and the per-job transport registry
 // the network transports (tcpnet, grpcnet) share; Transports and CheckTransport name the data

@@ -183,6 +183,28 @@ func (h *Hierarchical) BufferBytes() int64 {
 	return b
 }
 
+// AllocShared allocates through the local communicator (collective.SharedAllocator): the
+// local reduce-scatter and all-gather of an AllReduce on such a buffer read the host's peers'
+// buffers in place (the cross all-reduce sends from it as from any buffer). ReduceScatter and
+// AllGather stage through heap buffers unless the layout is the identity, and so gain only
+// then.
+func (h *Hierarchical) AllocShared(n int) ([]float32, error) {
+	if a, ok := h.local.(SharedAllocator); ok {
+		return a.AllocShared(n)
+	}
+	return nil, fmt.Errorf("collective: hierarchical rank %d: %w", h.rank, ErrNoShared)
+}
+
+// FreeShared returns a buffer AllocShared gave.
+func (h *Hierarchical) FreeShared(buf []float32) error {
+	if a, ok := h.local.(SharedAllocator); ok {
+		return a.FreeShared(buf)
+	}
+	return fmt.Errorf("collective: hierarchical rank %d: %w", h.rank, ErrNoShared)
+}
+
+var _ SharedAllocator = (*Hierarchical)(nil)
+
 // Close closes both communicators. Safe to call more than once.
 func (h *Hierarchical) Close() error {
 	h.once.Do(func() { h.closeErr = errors.Join(h.local.Close(), h.cross.Close()) })

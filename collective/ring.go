@@ -96,6 +96,13 @@ type Ring struct {
 
 	words []uint16 // the sender's encode buffer for 16-bit wires (sender goroutine only)
 
+	// shared is t's SharedMemory extension, if it has one (found through Count's wrapper):
+	// float calls on buffers in its arena take the direct path (direct.go). counts is t's
+	// WireCounts, if t counts, to which the direct path adds what it reads and is read.
+	shared SharedMemory
+	counts *WireCounts
+	dir    directState
+
 	mu struct {
 		sync.Mutex
 		closed  bool
@@ -202,6 +209,10 @@ func NewRing(t Transport, cfg Config) (*Ring, error) {
 	r.prevAddr, r.nextAddr = t.Addr(r.prev), t.Addr(r.next)
 	r.direct, _ = t.(DirectReceiver)
 	r.apply, _ = t.(ApplyReceiver)
+	r.shared = sharedOf(t)
+	if ct, ok := t.(CountingTransport); ok {
+		r.counts = ct.WireCounts()
+	}
 	r.landFn, r.directFn = r.landPart, r.directDest
 	r.land.idle.L = &r.land.mu
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -424,6 +435,13 @@ func (r *Ring) run(ctx context.Context, op uint8, buf elems, shards Shards, red 
 		err := fmt.Errorf("collective %s on rank %d: %w", typedName(buf.dt, callName(op, tag)), r.rank, verr)
 		r.originateAbort(op, tag, r.rank, err)
 		return err
+	}
+	if r.shared != nil && op != OpBarrier && buf.dt.float() {
+		if off, ok := r.shared.SharedOffset(buf.f); ok {
+			r.mu.Unlock()
+			r.putCall(c)
+			return r.runDirect(ctx, op, buf, shards, red, root, tag, off)
+		}
 	}
 	if r.mu.active[tag] != nil {
 		r.mu.Unlock()

@@ -136,7 +136,9 @@ func Run(ctx context.Context, comm collective.Communicator, spec Spec, sizes []i
 		maxTotal = max(maxTotal, total)
 	}
 	// Allocated once for the largest size and viewed by prefix.
-	inAll, outAll := make([]float32, maxTotal), make([]float32, maxTotal)
+	inAll := make([]float32, maxTotal)
+	outAll, free := allocBuf(comm, maxTotal)
+	defer free()
 	bound := exact(spec.Wire) / n
 	typeName := map[half.Format]string{half.FP32: "float", half.FP16: "half", half.BF16: "bfloat16"}[spec.Wire]
 	redop, root := "none", -1
@@ -243,6 +245,18 @@ func Run(ctx context.Context, comm collective.Communicator, spec Spec, sizes []i
 		fmt.Fprintf(out, "# Avg bus bandwidth    : %.6g\n#\n", busSum/float64(max(rows, 1)))
 	}
 	return wrongAll, nil
+}
+
+// allocBuf allocates the buffer the calls run on through the communicator where it hands
+// out registered buffers (collective.SharedAllocator: shared memory, whose calls then read
+// the peers' buffers in place), as a caller that owns its buffers should; else with make.
+func allocBuf(comm collective.Communicator, n int) ([]float32, func()) {
+	if a, ok := comm.(collective.SharedAllocator); ok {
+		if b, err := a.AllocShared(n); err == nil {
+			return b, func() { _ = a.FreeShared(b) }
+		}
+	}
+	return make([]float32, n), func() {}
 }
 
 // countWrong counts the elements of rank's result that differ from what the inputs of

@@ -47,10 +47,19 @@ var (
 // checks that no goroutine outlives the groups.
 func Run(t *testing.T, f Factory) { RunSizes(t, f, 1, 2, 3, 4, 5) }
 
+// RunShared is RunSizes with the buffers of the float cases (AllReduce, ReduceScatter,
+// AllGather, Broadcast, Sequential, SequentialTyped) allocated through the communicators'
+// collective.SharedAllocator, for an implementation whose calls on such buffers take another
+// path (the Ring's direct path over shared memory). A group of more than one rank must offer
+// it. Concurrent keeps ordinary buffers: calls on shared buffers run one at a time.
+func RunShared(t *testing.T, f Factory, sizes ...int) { runSizes(t, f, true, sizes...) }
+
 // RunSizes is Run for groups of the given sizes only, for an implementation that cannot make
 // every size (NCCL needs a GPU per rank, so a machine with one GPU runs RunSizes(t, f, 1)).
 // The mismatch cases run for those of the sizes from 2 to 4.
-func RunSizes(t *testing.T, f Factory, sizes ...int) {
+func RunSizes(t *testing.T, f Factory, sizes ...int) { runSizes(t, f, false, sizes...) }
+
+func runSizes(t *testing.T, f Factory, shared bool, sizes ...int) {
 	CheckGoroutines(t)
 	var mismatch []int
 	for _, n := range sizes {
@@ -64,6 +73,7 @@ func RunSizes(t *testing.T, f Factory, sizes ...int) {
 	for _, n := range sizes {
 		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
 			g := newGroup(t, f, n)
+			g.shared = shared
 			t.Run("AllReduce", g.testAllReduce)
 			t.Run("ReduceScatter", g.testReduceScatter)
 			t.Run("AllGather", g.testAllGather)
@@ -77,7 +87,7 @@ func RunSizes(t *testing.T, f Factory, sizes ...int) {
 			t.Run("Sequential", g.testSequential)
 		})
 	}
-	if len(mismatch) == 0 {
+	if len(mismatch) == 0 || shared {
 		return
 	}
 	t.Run("Mismatch", func(t *testing.T) {
@@ -95,6 +105,43 @@ type group struct {
 	n     int
 	comms []collective.Communicator
 	kill  func(int)
+	// shared: the float cases' buffers come from the communicators' SharedAllocator (place).
+	shared bool
+}
+
+// place returns bufs, or in shared mode copies of them allocated through each rank's
+// communicator (freed when t ends). A group of one may have no shared memory.
+func (g *group) place(t *testing.T, bufs [][]float32) [][]float32 {
+	t.Helper()
+	if !g.shared {
+		return bufs
+	}
+	out := make([][]float32, len(bufs))
+	for r, b := range bufs {
+		out[r] = b
+		a, ok := g.comms[r].(collective.SharedAllocator)
+		if !ok {
+			t.Fatalf("communicator %d (%T) offers no shared buffers", r, g.comms[r])
+		}
+		if len(b) == 0 {
+			continue
+		}
+		s, err := a.AllocShared(len(b))
+		if err != nil {
+			if g.n == 1 && errors.Is(err, collective.ErrNoShared) {
+				continue
+			}
+			t.Fatalf("rank %d: AllocShared(%d): %v", r, len(b), err)
+		}
+		copy(s, b)
+		t.Cleanup(func() {
+			if err := a.FreeShared(s); err != nil {
+				t.Errorf("rank %d: FreeShared: %v", r, err)
+			}
+		})
+		out[r] = s
+	}
+	return out
 }
 
 func newGroup(t *testing.T, f Factory, n int) *group {
@@ -340,6 +387,7 @@ func (g *group) testAllReduce(t *testing.T) {
 				}
 				name := fmt.Sprintf("len=%d/%v/%v", length, wire, op)
 				in, bufs := inputs(newRand(1, uint64(g.n), uint64(length), uint64(wire), uint64(op)), g.n, length, wire)
+				bufs = g.place(t, bufs)
 				if !g.run(t, name, func(ctx context.Context, r int, c collective.Communicator) error {
 					return c.AllReduce(ctx, bufs[r], op, collective.Call{Wire: wire})
 				}) {
@@ -387,6 +435,7 @@ func (g *group) testReduceScatter(t *testing.T) {
 					}
 					name := fmt.Sprintf("len=%d/%s/%v/%v", length, sname, wire, op)
 					in, bufs := inputs(newRand(3, uint64(g.n), uint64(length), uint64(wire), uint64(op)), g.n, length, wire)
+					bufs = g.place(t, bufs)
 					if !g.run(t, name, func(ctx context.Context, r int, c collective.Communicator) error {
 						return c.ReduceScatter(ctx, bufs[r], shards, op, collective.Call{Wire: wire})
 					}) {
@@ -420,6 +469,7 @@ func (g *group) testAllGather(t *testing.T) {
 					fillPoison(bufs[r])
 					copy(bufs[r][shards[r]:shards[r+1]], src[shards[r]:shards[r+1]])
 				}
+				bufs = g.place(t, bufs)
 				if !g.run(t, name, func(ctx context.Context, r int, c collective.Communicator) error {
 					return c.AllGather(ctx, bufs[r], shards, collective.Call{Wire: wire})
 				}) {
@@ -450,6 +500,7 @@ func (g *group) testBroadcast(t *testing.T) {
 					fillPoison(bufs[r])
 				}
 				copy(bufs[root], src)
+				bufs = g.place(t, bufs)
 				if !g.run(t, name, func(ctx context.Context, r int, c collective.Communicator) error {
 					return c.Broadcast(ctx, bufs[r], root, collective.Call{Wire: wire})
 				}) {
@@ -632,6 +683,7 @@ func (g *group) testSequentialTyped(t *testing.T) {
 			fill(rng, fin[i][r], half.FP32)
 			flts[i][r] = slices.Clone(fin[i][r])
 		}
+		flts[i] = g.place(t, flts[i])
 	}
 	inInts := make([][][]int64, count)
 	for i := range count {
@@ -823,6 +875,7 @@ func (g *group) testSequential(t *testing.T) {
 			in[i][r] = x
 			out[i][r] = slices.Clone(x)
 		}
+		out[i] = g.place(t, out[i])
 	}
 	if !g.run(t, "sequential", func(ctx context.Context, r int, c collective.Communicator) error {
 		for i, p := range plan {

@@ -23,6 +23,17 @@
 // one per rank); the sender fallocates its slot on first use, so a full tmpfs is an error
 // naming --shm-size rather than a SIGBUS.
 //
+// Shared buffers (shared.go). Each segment ends in an arena of Config.ArenaBytes, a hole in
+// the file that every peer maps at attach. The transport is a collective.SharedMemory:
+// AllocShared reserves a buffer's pages there (fallocate) and FreeShared punches them out;
+// a progress record in the header, with a futex word, lets the Ring's direct path
+// (collective/direct.go) synchronise, so that a collective on buffers allocated here on
+// every rank reads the peers' buffers in place: no ring, no copy into shared memory. The
+// waits follow the rings' policy (spin, then futex with PollInterval timeouts probing the
+// peer's lock), so a rank killed in a direct call is named as fast. Buffers still allocated
+// at Close stay mapped, through a descriptor of their own that does not hold the liveness
+// lock, until FreeShared.
+//
 // Waiting. A Send waiting for room or a Recv waiting for data polls the counter for
 // Config.Spin (not at all where the group has more ranks than the host has processors: the
 // peer a spinner waits for is then usually the one it keeps off the processor), yielding

@@ -62,6 +62,15 @@ func childMain(mode string) int {
 		return 2
 	}
 	buf := make([]float32, 3<<20/4+5) // 3 MiB: wraps the 1 MiB rings
+	free := func() {}
+	if os.Getenv("QVD_SHARED") != "" { // the direct path: a buffer in the shared arena
+		if buf, err = ring.AllocShared(len(buf)); err != nil {
+			fmt.Println("ERROR", err)
+			return 2
+		}
+		b := buf
+		free = func() { _ = ring.FreeShared(b) }
+	}
 	sum := float32(size * (size + 1) / 2)
 	for iter := 0; mode != "allreduce" || iter < iters; iter++ {
 		for i := range buf {
@@ -75,6 +84,7 @@ func childMain(mode string) int {
 				r = pe.Rank
 			}
 			// Close as the trainer would: the Ring first sends the abort naming the culprit.
+			free()
 			_ = ring.Close()
 			_ = tr.Close()
 			fmt.Printf("FAIL rank=%d gone=%v at=%d err=%s\n", r, errors.Is(err, collective.ErrPeerGone), at, strings.ReplaceAll(err.Error(), "\n", " "))
@@ -90,6 +100,7 @@ func childMain(mode string) int {
 			fmt.Printf("READY pid=%d\n", os.Getpid())
 		}
 	}
+	free()
 	_ = ring.Close()
 	_ = tr.Close()
 	maps, _ := os.ReadFile("/proc/self/maps")
@@ -117,12 +128,22 @@ func startChild(t *testing.T, mode, dir string, rank, size, iters int, secret []
 // as a container's entry point is); it skips the test where that cannot be done (not root).
 func startChildNS(t *testing.T, mode, dir string, rank, size, iters int, secret []byte, newPidNS bool) *child {
 	t.Helper()
+	return startChildEnv(t, mode, dir, rank, size, iters, secret, newPidNS, false)
+}
+
+// startChildEnv is startChildNS, with the all-reduces on a buffer from the shared arena (the
+// direct path) if shared.
+func startChildEnv(t *testing.T, mode, dir string, rank, size, iters int, secret []byte, newPidNS, shared bool) *child {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	if newPidNS {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	}
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "QVD_DIR="+dir, "QVD_RANK="+strconv.Itoa(rank),
 		"QVD_SIZE="+strconv.Itoa(size), "QVD_ITERS="+strconv.Itoa(iters), "QVD_SECRET="+hex.EncodeToString(secret))
+	if shared {
+		cmd.Env = append(cmd.Env, "QVD_SHARED=1")
+	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -185,11 +206,16 @@ func procTimeout() time.Duration {
 // TestProcesses: real processes form a group in a directory, all-reduce and check the
 // results, and leave no file, descriptor or mapping behind.
 func TestProcesses(t *testing.T) {
+	t.Run("rings", func(t *testing.T) { testProcesses(t, false) })
+	t.Run("shared buffers", func(t *testing.T) { testProcesses(t, true) })
+}
+
+func testProcesses(t *testing.T, shared bool) {
 	const n = 3
 	dir, secret := t.TempDir(), newSecret(t)
 	cs := make([]*child, n)
 	for r := range cs {
-		cs[r] = startChild(t, "allreduce", dir, r, n, 20, secret)
+		cs[r] = startChildEnv(t, "allreduce", dir, r, n, 20, secret, false, shared)
 	}
 	for r, c := range cs {
 		l := c.line(t, r, "DONE", procTimeout())
@@ -209,7 +235,14 @@ func TestProcesses(t *testing.T) {
 // TestProcessKilled: SIGKILL one of four ranks in the middle of all-reduces; the others'
 // calls fail within a couple of seconds with errors naming it (the collective timeout is
 // 30 s, so only the segment lock's probe can explain it), and nothing is left in the directory.
+// With shared buffers (the direct path) every survivor waits on the victim at some step, or
+// on a survivor that gave up blaming it, and names it through the victim's segment lock.
 func TestProcessKilled(t *testing.T) {
+	t.Run("rings", func(t *testing.T) { testProcessKilled(t, false) })
+	t.Run("shared buffers", func(t *testing.T) { testProcessKilled(t, true) })
+}
+
+func testProcessKilled(t *testing.T, shared bool) {
 	n, victim := 4, 2
 	if testing.Short() {
 		n, victim = 3, 1
@@ -217,7 +250,7 @@ func TestProcessKilled(t *testing.T) {
 	dir, secret := t.TempDir(), newSecret(t)
 	cs := make([]*child, n)
 	for r := range cs {
-		cs[r] = startChild(t, "loop", dir, r, n, 0, secret)
+		cs[r] = startChildEnv(t, "loop", dir, r, n, 0, secret, false, shared)
 	}
 	for r, c := range cs {
 		c.line(t, r, "READY", procTimeout())

@@ -33,8 +33,13 @@ import (
 //	  24   ringBytes  uint64
 //	  32   pid        int64    the creator's pid (for messages only)
 //	  40   nonce      [16]byte
-//	  56   token      [32]byte HMAC-SHA256(secret, "qvd-shm-segment-v1" | job | 0 | bytes 8..56)
+//	  56   arenaBytes uint64   size of the shared arena at the segment's end
+//	  64   token      [32]byte HMAC-SHA256(secret, "qvd-shm-segment-v1" | job | 0 | bytes 8..64)
 //	  128  closed     uint32   the creator closed its transport (own cache line)
+//	  192  posted     7×uint64 the creator's collective.Posted: step, tag, off, n, call, shards,
+//	                           fault (own cache line; step stored last)
+//	  256  postSeq    uint32   futex word peers awaiting the record sleep on; the creator bumps it
+//	  260  postWait   uint32   how many peers sleep (or are about to) on postSeq
 //	slot s (one per sending rank s; the creator's own is never used), at
 //	pageSize + s*(pageSize+ringBytes):
 //	  0    head       uint64   bytes the sender has published (own cache line)
@@ -51,17 +56,20 @@ import (
 //	  272  proof      [32]byte HMAC-SHA256(secret, "qvd-shm-attach-v2" | job | 0 | rank, s, pid, nonce, prodNonce)
 //	  304  prodNonce  [16]byte the nonce of the sender's own segment: names the process that attached
 //	  pageSize: the ring, ringBytes bytes
+//	arena, at arenaOffset(size, ringBytes): arenaBytes bytes, sparse until allocated (shared.go)
 const (
 	pageSize = 4096
 	segMagic = 0x3130_4d48_5344_5651 // "QVDSHM01" in little-endian bytes
 	// segVer 2: liveness by flock instead of pids, and the attach record names the
-	// sender's own segment (prodNonce) instead of trusting its pid.
-	segVer = 2
+	// sender's own segment (prodNonce) instead of trusting its pid. 3: the shared arena and
+	// the progress record of the direct path.
+	segVer = 3
 
 	hdrMagic, hdrVersion, hdrSize, hdrRank = 0, 8, 12, 16
 	hdrRingBytes, hdrPid, hdrNonce         = 24, 32, 40
-	hdrToken, hdrClosed                    = 56, 128
+	hdrArenaBytes, hdrToken, hdrClosed     = 56, 64, 128
 	hdrSigned                              = hdrToken // bytes [8, hdrToken) are signed
+	hdrPosted, hdrPostSeq, hdrPostWait     = 192, 256, 260
 
 	slotHead, slotTail                           = 0, 64
 	slotDataSeq, slotDataWait, slotDataWant      = 128, 132, 136
@@ -76,8 +84,14 @@ const (
 	prodCut    = 2
 )
 
-// segBytes is the size of a segment for a group of size with rings of ringBytes.
-func segBytes(size, ringBytes int) int64 {
+// segBytes is the size of a segment for a group of size with rings of ringBytes and an
+// arena of arenaBytes.
+func segBytes(size, ringBytes int, arenaBytes int64) int64 {
+	return arenaOffset(size, ringBytes) + arenaBytes
+}
+
+// arenaOffset is where the arena starts: after the header and the slots (page-aligned).
+func arenaOffset(size, ringBytes int) int64 {
 	return pageSize + int64(size)*(pageSize+int64(ringBytes))
 }
 
@@ -122,10 +136,11 @@ func allDigits(s string) bool {
 // rank sends in its slot there).
 type segment struct {
 	path      string
-	mem       []byte
-	rank      int // the creator's rank
+	mem       []byte // this rank's own: the header and slots; a peer's: all of it, arena included
+	rank      int    // the creator's rank
 	size      int
 	ringBytes int
+	arena     int64 // arenaBytes
 	pid       int
 	nonce     [16]byte
 	// fd stays open for the transport's life: on this rank's own segment it holds the
@@ -228,7 +243,7 @@ const createAttempts = 5
 // mode 0600 whatever the umask, locked (flock LOCK_EX, held through the returned segment's
 // fd until unmap: the liveness peers and sweeps test), sized, mapped, and its header
 // written and signed, the magic last.
-func createSegment(dir, job string, rank, size, ringBytes, pid int, secret []byte) (*segment, error) {
+func createSegment(dir, job string, rank, size, ringBytes int, arena int64, pid int, secret []byte) (*segment, error) {
 	path := filepath.Join(dir, segName(job, rank, pid))
 	for range createAttempts {
 		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -251,14 +266,14 @@ func createSegment(dir, job string, rank, size, ringBytes, pid int, secret []byt
 			_ = unix.Close(fd)
 			continue
 		}
-		return initSegment(fd, path, rank, size, ringBytes, pid, job, secret)
+		return initSegment(fd, path, rank, size, ringBytes, arena, pid, job, secret)
 	}
 	return nil, fmt.Errorf("shmnet: creating segment %s: removed by another process's sweep %d times in a row", path, createAttempts)
 }
 
 // initSegment sizes, maps and signs a segment just created and locked at fd; on failure it
 // unlinks path and closes fd.
-func initSegment(fd int, path string, rank, size, ringBytes, pid int, job string, secret []byte) (*segment, error) {
+func initSegment(fd int, path string, rank, size, ringBytes int, arena int64, pid int, job string, secret []byte) (*segment, error) {
 	fail := func(what string, err error) (*segment, error) {
 		_ = unix.Unlink(path)
 		_ = unix.Close(fd)
@@ -267,19 +282,20 @@ func initSegment(fd int, path string, rank, size, ringBytes, pid int, job string
 	if err := unix.Fchmod(fd, 0o600); err != nil {
 		return fail("chmod", err)
 	}
-	n := segBytes(size, ringBytes)
-	if err := unix.Ftruncate(fd, n); err != nil {
+	// The arena is a hole until buffers are allocated in it (shared.go), and mapped apart
+	// from the rest (transport.mapArena), so that its buffers can outlive Close.
+	if err := unix.Ftruncate(fd, segBytes(size, ringBytes, arena)); err != nil {
 		return fail("sizing", err)
 	}
 	// The header page is written now; reserve it so a full tmpfs fails here, not by SIGBUS.
 	if err := unix.Fallocate(fd, 0, 0, pageSize); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 		return fail("reserving the header of", err)
 	}
-	mem, err := unix.Mmap(fd, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, int(arenaOffset(size, ringBytes)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fail("mapping", err)
 	}
-	s := &segment{path: path, mem: mem, rank: rank, size: size, ringBytes: ringBytes, pid: pid, fd: fd, reserved: true}
+	s := &segment{path: path, mem: mem, rank: rank, size: size, ringBytes: ringBytes, arena: arena, pid: pid, fd: fd, reserved: true}
 	if _, err := rand.Read(s.nonce[:]); err != nil {
 		_ = unix.Munmap(mem)
 		return fail("making a nonce for", err)
@@ -290,6 +306,7 @@ func initSegment(fd int, path string, rank, size, ringBytes, pid int, job string
 	binary.LittleEndian.PutUint64(mem[hdrRingBytes:], uint64(ringBytes))
 	binary.LittleEndian.PutUint64(mem[hdrPid:], uint64(pid))
 	copy(mem[hdrNonce:], s.nonce[:])
+	binary.LittleEndian.PutUint64(mem[hdrArenaBytes:], uint64(arena))
 	copy(mem[hdrToken:], token(secret, job, mem[hdrVersion:hdrSigned]))
 	s.u64(hdrMagic).Store(segMagic)
 	return s, nil
@@ -362,6 +379,7 @@ func openSegment(path, job string, rank, size, pid int, secret []byte) (*segment
 	rb := binary.LittleEndian.Uint64(mem[hdrRingBytes:])
 	s.pid = int(int64(binary.LittleEndian.Uint64(mem[hdrPid:])))
 	copy(s.nonce[:], mem[hdrNonce:])
+	arena := binary.LittleEndian.Uint64(mem[hdrArenaBytes:])
 	switch {
 	case !hmac.Equal(mem[hdrToken:hdrToken+macSize], token(secret, job, mem[hdrVersion:hdrSigned])):
 		return nil, authErr("its token does not verify (made with another secret or for another job)")
@@ -372,10 +390,12 @@ func openSegment(path, job string, rank, size, pid int, secret []byte) (*segment
 			s.rank, s.size, s.pid, rank, size, pid)
 	case rb < minRing || rb > maxRing || rb&(rb-1) != 0:
 		return nil, fmt.Errorf("shmnet: rank %d's segment %s has rings of %d bytes", rank, path, rb)
-	case st.Size != segBytes(size, int(rb)):
-		return nil, fmt.Errorf("shmnet: rank %d's segment %s is %d bytes, its header implies %d", rank, path, st.Size, segBytes(size, int(rb)))
+	case arena > maxArena || arena%pageSize != 0:
+		return nil, fmt.Errorf("shmnet: rank %d's segment %s has an arena of %d bytes", rank, path, arena)
+	case st.Size != segBytes(size, int(rb), int64(arena)):
+		return nil, fmt.Errorf("shmnet: rank %d's segment %s is %d bytes, its header implies %d", rank, path, st.Size, segBytes(size, int(rb), int64(arena)))
 	}
-	s.ringBytes = int(rb)
+	s.ringBytes, s.arena = int(rb), int64(arena)
 	s.fd, keep, ok = fd, true, true
 	return s, nil
 }

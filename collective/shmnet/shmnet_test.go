@@ -418,7 +418,7 @@ func TestForeignSegment(t *testing.T) {
 	// plant makes rank 0's segment as a live peer would (holding its lock until the test
 	// ends, so the sweep leaves it alone), with the given secret, then chmods it.
 	plant := func(t *testing.T, dir string, sec []byte, mode os.FileMode) string {
-		s, err := createSegment(dir, "j", 0, 2, cfg.RingBytes, os.Getpid(), sec)
+		s, err := createSegment(dir, "j", 0, 2, cfg.RingBytes, cfg.ArenaBytes, os.Getpid(), sec)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,6 +37,12 @@ type transport struct {
 	attached []bool     // attached[p]: p has attached to own, with a verified proof
 	in       []*inLink  // in[p]: frames from p
 	out      []*outLink // out[p]: frames to p
+
+	// The direct path's (shared.go): the arena's allocator; hold, which Close takes to wait
+	// out the calls reading the peers' mappings; the futex timeouts of Await, per peer.
+	arena  arena
+	hold   sync.RWMutex
+	postTS []unix.Timespec
 }
 
 var (
@@ -112,17 +118,23 @@ func open(ctx context.Context, g Group, cfg Config, log *zap.Logger, pid int) (*
 		attached: make([]bool, g.Size),
 		in:       make([]*inLink, g.Size),
 		out:      make([]*outLink, g.Size),
+		postTS:   make([]unix.Timespec, g.Size),
 	}
 	t.addrs = make([]string, g.Size)
 	if g.Size == 1 {
 		t.addrs[0] = addrOr(g.Addrs, 0, pid)
 		return t, nil
 	}
-	own, err := createSegment(dir, g.Job, g.Rank, g.Size, cfg.RingBytes, pid, g.Secret)
+	own, err := createSegment(dir, g.Job, g.Rank, g.Size, cfg.RingBytes, cfg.ArenaBytes, pid, g.Secret)
 	if err != nil {
 		return nil, err
 	}
 	t.own = own
+	if err := t.mapArena(cfg.ArenaBytes); err != nil {
+		_ = unix.Unlink(own.path)
+		own.unmap()
+		return nil, err
+	}
 	unlinked := false
 	fail := func(err error) (*transport, error) {
 		// Peers that attached already must not wait on a rank that gave up.
@@ -140,6 +152,7 @@ func open(ctx context.Context, g Group, cfg Config, log *zap.Logger, pid int) (*
 		if !unlinked {
 			_ = unix.Unlink(own.path)
 		}
+		t.closeArena()
 		t.unmapAll()
 		return nil, err
 	}
@@ -673,6 +686,7 @@ func (t *transport) shutdown(graceful bool) {
 	if t.own == nil {
 		return // a group of one
 	}
+	t.wakeAwaiters()
 	if graceful {
 		t.own.closedWord().Store(1)
 	}
@@ -697,6 +711,10 @@ func (t *transport) shutdown(graceful bool) {
 		t.out[p].mu.Lock()
 		t.out[p].mu.Unlock() //nolint:staticcheck
 	}
+	// The direct path's calls read the peers' mappings under hold.
+	t.hold.Lock()
+	t.hold.Unlock() //nolint:staticcheck // waiting out the holders
+	t.closeArena()
 	t.unmapAll()
 }
 
