@@ -66,9 +66,13 @@ func commitHandler(srv any, ctx context.Context, dec func(any) error, ic grpc.Un
 }
 
 func callPrepare(ctx context.Context, cc grpc.ClientConnInterface, in *rosterMsg) (*ackMsg, error) {
+	return callPrepareWith(ctx, cc, in, true)
+}
+
+func callPrepareWith(ctx context.Context, cc grpc.ClientConnInterface, in *rosterMsg, waitForReady bool) (*ackMsg, error) {
 	out := new(ackMsg)
 	// WaitForReady: a worker's server may still be starting; ctx bounds the wait.
-	if err := cc.Invoke(ctx, methodPrepare, in, out, grpc.CallContentSubtype(codecName), grpc.WaitForReady(true)); err != nil {
+	if err := cc.Invoke(ctx, methodPrepare, in, out, grpc.CallContentSubtype(codecName), grpc.WaitForReady(waitForReady)); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -142,7 +146,11 @@ func (h *controlHandler) prepare(_ context.Context, in *rosterMsg) (*ackMsg, err
 		st.pending = r
 	}
 	n.log.Debug("roster prepared", zap.String("job", r.Job), zap.Uint64("gen", r.Gen), zap.Int("rank", r.Rank))
-	return &ackMsg{Name: n.cfg.NodeName, Rank: r.Rank}, nil
+	ack := &ackMsg{Name: n.cfg.NodeName, Rank: r.Rank}
+	if s := n.mu.suspects; s.job == r.Job && s.gen < r.Gen {
+		ack.Suspects = append([]string(nil), s.names...)
+	}
+	return ack, nil
 }
 
 func (h *controlHandler) commit(_ context.Context, in *commitMsg) (*ackMsg, error) {

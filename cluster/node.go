@@ -149,6 +149,7 @@ type Node struct {
 		leaving   map[string]leaveIntent // node name → its leave notice
 		joining   bool                   // a Join is in progress: record refusals for it
 		refusal   error                  // the last refusal by our merge delegate during Join
+		suspects  suspicion              // what this member reports to a re-forming coordinator
 		nameTaken error                  // ErrNameTaken found during Join: never leave under that name
 		refused   map[string]bool        // name+metadata of nodes already logged as refused
 		changed   chan struct{}          // closed and replaced on every membership change

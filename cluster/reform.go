@@ -2,7 +2,11 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -37,19 +41,89 @@ func (n *Node) Survivors(prev *Roster) []string {
 	return out
 }
 
+// reformCallTimeout bounds each call of a re-form to a member. Re-forming survivors' servers
+// are up and answer Prepare from memory in milliseconds; a member that cannot answer within
+// it (stopped, swapping, cut off) is left out of the generation rather than holding every
+// survivor for the first rendezvous's 2 × gossip.tcp_timeout (10 s by default).
+const reformCallTimeout = 2 * time.Second
+
+// suspicion is what a member reports, in its Prepare acks, to the coordinator re-forming
+// the job after generation gen.
+type suspicion struct {
+	job   string
+	gen   uint64
+	names []string
+}
+
+// Suspect records that this member's own collectives in generation gen of job found the
+// named members gone. It answers the Prepare of any later generation of that job with them,
+// and the coordinator leaves them out: a survivor's evidence excludes a member at once, for
+// every survivor, before gossip declares it dead.
+func (n *Node) Suspect(job string, gen uint64, names []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := &n.mu.suspects
+	if s.job != job || s.gen != gen {
+		*s = suspicion{job: job, gen: gen}
+	}
+	for _, name := range names {
+		if !slices.Contains(s.names, name) {
+			s.names = append(s.names, name)
+		}
+	}
+}
+
+// SurvivorsExcept is Survivors without the members of gone — those this member's own
+// evidence shows gone — whose gRPC address refuses a connection, which a process that
+// serves never does: so a lost coordinator is replaced as soon as its successor finds it
+// gone, rather than when gossip declares it dead, and survivors whose evidence differs still
+// agree on the coordinator (a member that answers, or is only slow, stays in).
+func (n *Node) SurvivorsExcept(ctx context.Context, prev *Roster, gone []string) []string {
+	alive := n.Survivors(prev)
+	out := alive[:0:0]
+	for _, name := range alive {
+		if name != n.cfg.NodeName && slices.Contains(gone, name) {
+			if i := prev.RankOf(name); i >= 0 && refuses(ctx, prev.Members[i].GRPC) {
+				continue
+			}
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// refuses reports whether a TCP connection to addr is refused (within refuseProbe).
+func refuses(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, refuseProbe)
+	defer cancel()
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// refuseProbe bounds refuses: a refusal comes back in one round trip.
+const refuseProbe = 500 * time.Millisecond
+
 // Reform runs the rendezvous of generation prev.Gen+1 of prev's job on its coordinator, the
-// lowest-ranked of prev's Survivors, which must be this node: the roster names the survivors
-// in their old order (this node rank 0), with prev's config and a fresh data secret. An
-// attempt that a member fails (the failure detector had not yet declared it dead) is retried
-// with the survivors as they then are. It gives up after Config.RendezvousTimeout with an
-// error wrapping ErrRendezvousTimeout. The other survivors call AwaitRoster.
-func (n *Node) Reform(ctx context.Context, prev *Roster) (*Roster, error) {
+// lowest-ranked of SurvivorsExcept(prev, exclude), which must be this node. The roster
+// names the survivors in their old order (this node rank 0), with prev's config and a fresh
+// data secret, leaving out the members in exclude (this node's own evidence), those a
+// member's Prepare ack reports gone (Suspect) and those that do not answer Prepare within
+// reformCallTimeout; the roster it commits is what every survivor then follows. An attempt
+// that leaves someone out is retried at once without them; one that fails otherwise is
+// retried after a probe interval. It gives up after Config.RendezvousTimeout with an error
+// wrapping ErrRendezvousTimeout. The other survivors call AwaitRoster.
+func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string) (*Roster, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.RendezvousTimeout)
 	defer cancel()
 	gen := prev.Gen + 1
+	out := slices.Clone(exclude)
 	for {
-		alive := n.Survivors(prev)
+		alive := n.SurvivorsExcept(ctx, prev, exclude)
 		if alive[0] != n.cfg.NodeName {
 			return nil, fmt.Errorf("re-form job %s: %s does not coordinate generation %d (the lowest-ranked survivor does: %v)", prev.Job, n.cfg.NodeName, gen, alive)
 		}
@@ -59,9 +133,18 @@ func (n *Node) Reform(ctx context.Context, prev *Roster) (*Roster, error) {
 		}
 		chosen := []Member{{Name: n.cfg.NodeName, Addr: n.LocalAddr(), State: StateAlive, Meta: n.LocalMeta()}}
 		for _, name := range alive[1:] {
-			chosen = append(chosen, live[name])
+			if !slices.Contains(out, name) {
+				chosen = append(chosen, live[name])
+			}
 		}
-		r, err := n.pushRoster(ctx, prev.Job, gen, chosen, prev.Config)
+		left := false
+		r, err := n.pushRosterWith(ctx, prev.Job, gen, chosen, prev.Config, pushOptions{
+			callTimeout: reformCallTimeout,
+			excluded: func(names []string) {
+				n.log.Warn("re-form leaves out members that are gone or do not answer", zap.String("job", prev.Job), zap.Uint64("gen", gen), zap.Strings("members", names))
+				out, left = append(out, names...), true
+			},
+		})
 		if err == nil {
 			if err := n.UpdateMeta(func(m *Meta) { m.Rank = 0 }); err != nil {
 				return nil, fmt.Errorf("re-form job %s: %w", prev.Job, err)
@@ -71,6 +154,9 @@ func (n *Node) Reform(ctx context.Context, prev *Roster) (*Roster, error) {
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("re-form job %s: %w: %w", prev.Job, ErrRendezvousTimeout, err)
+		}
+		if left {
+			continue
 		}
 		// A survivor may still be failing its last collective: retry after a probe interval.
 		n.log.Warn("re-form attempt failed; retrying", zap.String("job", prev.Job), zap.Error(err))
@@ -85,3 +171,6 @@ func (n *Node) Reform(ctx context.Context, prev *Roster) (*Roster, error) {
 		t.Stop()
 	}
 }
+
+// RendezvousTimeout is Config.RendezvousTimeout: how long Reform and AwaitRoster wait.
+func (n *Node) RendezvousTimeout() time.Duration { return n.cfg.RendezvousTimeout }

@@ -44,7 +44,7 @@ func TestReformAfterCoordinatorDies(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); rs[i+1], errs[i+1] = w.AwaitRoster(ctx) }()
 	}
-	rs[0], errs[0] = workers[0].Reform(ctx, prev)
+	rs[0], errs[0] = workers[0].Reform(ctx, prev, nil)
 	wg.Wait()
 	for i, r := range rs {
 		if errs[i] != nil {
@@ -58,7 +58,82 @@ func TestReformAfterCoordinatorDies(t *testing.T) {
 			t.Fatalf("%s: roster gen %d (prev %d), rank %d, world %d, members %v", want[i], r.Gen, prev.Gen, r.Rank, r.World, names)
 		}
 	}
-	if _, err := workers[1].Reform(ctx, prev); err == nil {
+	if _, err := workers[1].Reform(ctx, prev, nil); err == nil {
 		t.Fatal("w2 coordinated although w1, ranked lower, is alive")
 	}
+}
+
+// TestReformLeavesOutTheGone: the coordinator re-forms at once, before gossip declares
+// anyone dead. A member whose server refuses the connection (killed) is left out on the
+// first attempt instead of holding the re-form for a call timeout; a member that another
+// survivor reports gone (Suspect, carried in its Prepare ack) is left out too, and every
+// member of the committed roster gets the same one.
+func TestReformLeavesOutTheGone(t *testing.T) {
+	checkLeaks(t)
+	coord := startNode(t, "coord", RoleCoordinator)
+	workers := []*testNode{startNode(t, "w1", RoleWorker), startNode(t, "w2", RoleWorker), startNode(t, "w3", RoleWorker)}
+	for _, w := range workers {
+		join(t, w, coord)
+	}
+	eventually(t, 3*time.Second, "all members visible", func() bool { return len(coord.Members()) == 4 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = w.AwaitRoster(ctx) }()
+	}
+	prev, err := coord.Coordinate(ctx, "job-g", 4, []byte("cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+
+	reform := func(prev *Roster, awaiting []*testNode, want []string) *Roster {
+		t.Helper()
+		rs := make([]*Roster, len(awaiting))
+		errs := make([]error, len(awaiting))
+		for i, w := range awaiting {
+			wg.Add(1)
+			go func() { defer wg.Done(); rs[i], errs[i] = w.AwaitRoster(ctx) }()
+		}
+		start := time.Now()
+		r, err := coord.Reform(ctx, prev, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > reformCallTimeout {
+			t.Errorf("the re-form took %v, more than one call timeout (%v)", took, reformCallTimeout)
+		}
+		wg.Wait()
+		for i, got := range append([]*Roster{r}, rs...) {
+			if i > 0 && errs[i-1] != nil {
+				t.Fatalf("%s: %v", awaiting[i-1].LocalName(), errs[i-1])
+			}
+			var names []string
+			for _, m := range got.Members {
+				names = append(names, m.Name)
+			}
+			if got.Gen != prev.Gen+1 || got.Rank != i || !reflect.DeepEqual(names, want) {
+				t.Fatalf("roster %d: gen %d (prev %d), rank %d, members %v, want %v", i, got.Gen, prev.Gen, got.Rank, names, want)
+			}
+		}
+		return r
+	}
+
+	// w3 is killed; gossip still reports it alive.
+	workers[2].srv.Stop()
+	workers[2].kill()
+	if !reflect.DeepEqual(coord.Survivors(prev), []string{"coord", "w1", "w2", "w3"}) {
+		t.Skip("gossip already declared w3 gone: nothing left to test")
+	}
+	// A member's own evidence drops a member only when its server refuses connections.
+	if got := workers[0].SurvivorsExcept(ctx, prev, []string{"w3", "w2"}); !reflect.DeepEqual(got, []string{"coord", "w1", "w2"}) {
+		t.Fatalf("SurvivorsExcept(w3 killed, w2 serving) = %v", got)
+	}
+	r1 := reform(prev, workers[:2], []string{"coord", "w1", "w2"})
+
+	// w1's collectives found w2 gone (w2 is in fact alive): the coordinator follows w1.
+	workers[0].Suspect(r1.Job, r1.Gen, []string{"w2"})
+	reform(r1, workers[:1], []string{"coord", "w1"})
 }

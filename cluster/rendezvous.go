@@ -155,6 +155,25 @@ func rendezvousTimeout(ctx context.Context, job string, world int, took time.Dur
 // pushRoster makes the roster for chosen and runs the two phases. Each call to a member is
 // bounded by twice gossip.tcp_timeout (and by ctx).
 func (n *Node) pushRoster(ctx context.Context, job string, gen uint64, chosen []Member, config []byte) (*Roster, error) {
+	return n.pushRosterWith(ctx, job, gen, chosen, config, pushOptions{callTimeout: 2 * n.cfg.Gossip.TCPTimeout, waitForReady: true})
+}
+
+// pushOptions tune pushRoster for a re-form (see Reform).
+type pushOptions struct {
+	callTimeout time.Duration
+	// waitForReady: a member's server may still be starting (a first rendezvous), so a
+	// refused connection is retried until callTimeout; false fails at once (re-forming
+	// survivors' servers are up, and a refused connection means the process is gone).
+	waitForReady bool
+	// excluded, when set, receives the names that phase 1 found unreachable or that a
+	// member's ack reported as suspects; the roster is then not committed.
+	excluded func(names []string)
+}
+
+// errExcluded: a re-form attempt found members to leave out and did not commit.
+var errExcluded = errors.New("members to leave out")
+
+func (n *Node) pushRosterWith(ctx context.Context, job string, gen uint64, chosen []Member, config []byte, po pushOptions) (*Roster, error) {
 	secret := make([]byte, secretLen)
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("job %s: data secret: %w", job, err)
@@ -186,23 +205,46 @@ func (n *Node) pushRoster(ctx context.Context, job string, gen uint64, chosen []
 		}
 		conns[rank] = cc
 	}
-	callTimeout := 2 * n.cfg.Gossip.TCPTimeout
+	callTimeout := po.callTimeout
 	ranks := make([]int, 0, len(chosen)-1)
 	for rank := 1; rank < len(chosen); rank++ {
 		ranks = append(ranks, rank)
 	}
 
 	// Phase 1: every member checks and holds the roster.
+	var (
+		smu      sync.Mutex
+		suspects []string
+	)
 	failed := forEachRank(ctx, ranks, callTimeout, func(ctx context.Context, rank int) error {
-		ack, err := callPrepare(ctx, conns[rank], msg)
+		ack, err := callPrepareWith(ctx, conns[rank], msg, po.waitForReady)
 		if err != nil {
 			return n.explainTLS(chosen[rank].Meta.GRPC, err)
 		}
 		if ack.Name != chosen[rank].Name || ack.Rank != rank {
 			return fmt.Errorf("answered as %s rank %d", ack.Name, ack.Rank)
 		}
+		smu.Lock()
+		suspects = append(suspects, ack.Suspects...)
+		smu.Unlock()
 		return nil
 	})
+	if po.excluded != nil {
+		var out []string
+		for rank, m := range chosen {
+			if _, bad := failed[rank]; bad || (rank > 0 && slices.Contains(suspects, m.Name)) {
+				out = append(out, m.Name)
+			}
+		}
+		if len(out) > 0 {
+			po.excluded(out)
+			desc := "reported gone by a member"
+			if len(failed) > 0 {
+				desc = describeFailures(chosen, failed)
+			}
+			return nil, fmt.Errorf("job %s gen %d: %w %v: %s", job, gen, errExcluded, out, desc)
+		}
+	}
 	if len(failed) > 0 {
 		return nil, fmt.Errorf("job %s gen %d: prepare refused or unanswered: %s", job, gen, describeFailures(chosen, failed))
 	}

@@ -88,6 +88,9 @@ type commitMsg struct {
 type ackMsg struct {
 	Name string `json:"name"`
 	Rank int    `json:"rank"`
+	// Suspects: members of the roster's previous generation that this member's own
+	// collectives found gone (Node.Suspect); a re-forming coordinator leaves them out.
+	Suspects []string `json:"suspects,omitempty"`
 }
 
 // The MAC input is a length-prefixed binary encoding, not the JSON, so that it does not

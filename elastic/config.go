@@ -17,8 +17,12 @@ type Config struct {
 	// MaxNodes is the largest world; the job starts when MaxNodes members are present (this
 	// increment does not admit members later).
 	MaxNodes int `yaml:"max_nodes" json:"max_nodes"`
-	// Settle is how long a survivor waits after a loss before it re-forms, so that the
-	// failure detector's verdicts reach every survivor and they agree on who is left.
+	// Settle is how long a survivor waits after a loss before it re-forms. The default, 0,
+	// waits for nothing: survivors need not agree on who is left before they start, since
+	// the coordinator's roster decides (it leaves out the members any survivor found gone
+	// and those that do not answer it within 2 s), and a survivor that awaits a lost
+	// coordinator takes over as soon as gossip declares it gone. A settle only delays
+	// recovery; it remains for a network where survivors see a loss at very different times.
 	Settle time.Duration `yaml:"settle" json:"settle"`
 	// KeepGlobalBatch raises or lowers gradient accumulation at the new world so that
 	// micro_batch × accum × world stays the same; when that is impossible the re-form fails
@@ -32,7 +36,7 @@ type Config struct {
 // DefaultConfig is fixed-size training; the other fields are the values an elastic job
 // gets when it sets only min_nodes and max_nodes.
 func DefaultConfig() Config {
-	return Config{Settle: 2 * time.Second, KeepGlobalBatch: true, RejoinTimeout: 30 * time.Second}
+	return Config{KeepGlobalBatch: true, RejoinTimeout: 30 * time.Second}
 }
 
 // Enabled reports whether a lost member leaves the job training.

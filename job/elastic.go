@@ -154,7 +154,7 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 	took := time.Since(start)
 	rec := metrics.Record{Kind: metrics.KindEvent, Time: float64(time.Now().UnixNano()) / 1e9, Step: plan.FromStep,
 		Event: metrics.EventReform, Detail: cause.Error(), Gen: g.Gen, World: g.World, OldWorld: oldWorld,
-		Source: string(plan.Source), LostSteps: plan.LostSteps, ResumeSeconds: took.Seconds()}
+		Source: string(plan.Source), LostSteps: plan.LostSteps} // ResumeSeconds: at the first step (reformSink)
 	j.log.Warn("continuing at the new world size", zap.Uint64("gen", g.Gen), zap.Int("old_world", oldWorld), zap.Int("world", g.World),
 		zap.String("source", rec.Source), zap.Int64("from_step", plan.FromStep), zap.Int64("lost_steps", plan.LostSteps),
 		zap.Int("accum", plan.Accum), zap.Duration("took", took.Round(time.Millisecond)))

@@ -399,12 +399,23 @@ func (m *Member) watchPeers(r *cluster.Roster, lost func(error), stop <-chan str
 					}()
 					continue
 				}
-				err := fmt.Errorf("rank %d (%s at %s) failed (no longer answers gossip)", rank, ev.Member.Name, ev.Member.Addr)
+				err := &memberFailed{rank: rank, name: ev.Member.Name, addr: ev.Member.Addr}
 				m.log.Error("lost a member of the job", zap.Error(err))
 				lost(err)
 			}
 		}
 	}()
+}
+
+// memberFailed is gossip's report that a member of the job failed; an elastic job leaves
+// the member it names out of the next generation.
+type memberFailed struct {
+	rank       int
+	name, addr string
+}
+
+func (e *memberFailed) Error() string {
+	return fmt.Sprintf("rank %d (%s at %s) failed (no longer answers gossip)", e.rank, e.name, e.addr)
 }
 
 // departure is what a rank does when gossip reports a member of its job gone.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -185,6 +186,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		j.member.watchPeers(j.roster, lost, nil)
 	}
 	var res trainer.Result
+	var pending *reformSink // the last re-form's record, until its first step completes
 	for {
 		var stopWatch func()
 		if mem != nil {
@@ -203,19 +205,30 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		if err == nil || mem == nil || res.Interrupted || ctx.Err() != nil || !lostMember(err) {
 			break
 		}
-		next, rerr := j.reform(ctx, mem, t, setup, err)
+		if ferr := flushReform(pending); ferr != nil {
+			err = ferr
+			break
+		}
+		pending = &reformSink{next: sink, lost: time.Now()}
+		gsetup := setup
+		gsetup.Metrics = pending
+		next, rerr := j.reform(ctx, mem, t, gsetup, err)
 		if rerr != nil {
 			err = rerr
 			break
 		}
 		t.Close()
 		t = next.t
-		if sink.file != nil {
-			if werr := sink.file.Write(next.rec); werr != nil {
-				err = werr
-				break
+		if sink.file == nil && j.rank == 0 && j.member != nil {
+			if mw, release := j.takeOverRunDir(); mw != nil {
+				defer release() // once: sink.file is set from here on
+				sink.file = mw
 			}
 		}
+		pending.hold(next.rec, sink)
+	}
+	if ferr := flushReform(pending); err == nil {
+		err = ferr
 	}
 	if sink.file != nil && sink.members != nil {
 		_ = sink.file.Write(sink.members.Final(res.Steps, time.Now())) // a failed write shows at Close
@@ -324,4 +337,58 @@ func lastEvaluation(path string, step int64) string {
 		}
 	}
 	return "no evaluation recorded in " + path
+}
+
+// reformSink is a re-formed generation's metrics sink: it holds the re-form's record until
+// the first step at the new world completes, so that resume_seconds spans the issue's
+// "time to resume" — from the loss to training again — rather than the re-form alone.
+type reformSink struct {
+	next trainer.MetricsSink
+	lost time.Time // when the survivor's step failed
+
+	mu  sync.Mutex
+	rec *metrics.Record // the re-form's record, not yet written
+}
+
+// hold keeps rec until the first completed step, which it writes with everything after to
+// next (the sink of the new generation, which may now hold the run directory).
+func (s *reformSink) hold(rec metrics.Record, next trainer.MetricsSink) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rec, s.next = &rec, next
+}
+
+func (s *reformSink) Write(r metrics.Record) error {
+	s.mu.Lock()
+	next, rec := s.next, s.rec
+	if r.Kind == metrics.KindTrain {
+		s.rec = nil
+	} else {
+		rec = nil
+	}
+	s.mu.Unlock()
+	if rec != nil {
+		rec.ResumeSeconds = time.Since(s.lost).Seconds()
+		if err := next.Write(*rec); err != nil {
+			return err
+		}
+	}
+	return next.Write(r)
+}
+
+// flushReform writes a re-form's record that no step followed (the run ended first),
+// without resume_seconds.
+func flushReform(s *reformSink) error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	next, rec := s.next, s.rec
+	s.rec = nil
+	s.mu.Unlock()
+	if rec == nil {
+		return nil
+	}
+	rec.ResumeSeconds = 0
+	return next.Write(*rec)
 }

@@ -23,6 +23,12 @@ import (
 // Grace is how long workers get to save and exit after SIGTERM before SIGKILL.
 const Grace = 30 * time.Second
 
+// finishedGrace: once a worker of an elastic job exits 0, how often the launcher looks for
+// workers that are stopped (SIGSTOP, Ctrl-Z). The job re-formed without them and is done;
+// they would hold the launcher forever. Workers still running are left to finish or fail
+// by themselves (one left out gives up after the rendezvous timeout).
+const finishedGrace = 10 * time.Second
+
 var (
 	// ErrInterrupted: the caller's context ended and the workers were stopped (they save a
 	// checkpoint first).
@@ -156,6 +162,10 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 	lost := 0 // workers an elastic job went on without
 	stopping := false
 	var kill <-chan time.Time
+	// finished: an elastic job's worker exited 0, so the job is done; a worker that is
+	// stopped once finishedGrace has passed was left out of it and is killed (leftOut).
+	var finished <-chan time.Time
+	leftOut := map[*Worker]bool{}
 	if started < len(workers) {
 		result, stopping = ErrFailed, true
 		signalAll(syscall.SIGTERM)
@@ -166,6 +176,13 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		case e := <-exits:
 			remaining--
 			e.w.exit = exitOf(e.w.Cmd, e.err)
+			if minAlive > 0 && e.err == nil && !stopping && finished == nil {
+				finished = time.After(finishedGrace)
+			}
+			if e.err != nil && leftOut[e.w] {
+				lost++ // left out of the job, then stopped by us
+				continue
+			}
 			if e.err != nil && !stopping && minAlive > 0 && remaining >= minAlive {
 				outMu.Lock()
 				fmt.Fprintf(stderr, "qvd launch: rank %d exited (%v); the job continues with %d workers (elastic.min_nodes %d)\n", e.w.Rank, e.err, remaining, minAlive)
@@ -205,6 +222,17 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		case <-kill:
 			signalAll(syscall.SIGKILL)
 			kill = nil
+		case <-finished:
+			finished = time.After(finishedGrace)
+			for _, w := range workers {
+				if !stopping && !leftOut[w] && w.Cmd.Process != nil && !w.exit.done && readProcState(w.Cmd.Process.Pid) == procStopped {
+					outMu.Lock()
+					fmt.Fprintf(stderr, "qvd launch: the job finished without rank %d, which is stopped: killing it\n", w.Rank)
+					outMu.Unlock()
+					leftOut[w] = true
+					_ = w.Cmd.Process.Signal(syscall.SIGKILL) // not in the job: nothing of it to save
+				}
+			}
 		}
 	}
 	relays.Wait()

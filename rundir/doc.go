@@ -20,6 +20,8 @@
 //     checkpoint and checkpoint.Latest resumes only that run's checkpoints.
 //
 // The other processes of a job write their shards into checkpoint.dir under rank 0's lock;
-// they never open the run directory themselves. [Run.Close] releases the locks; it is safe to
+// they never open the run directory themselves, except that in an elastic job the process
+// that becomes rank 0 after the first one died takes over its lock with [Acquire] (the
+// kernel released it) to go on appending to metrics.jsonl. [Run.Close] releases the locks; it is safe to
 // call twice. This package logs nothing: what is worth a log line is in the returned [Run].
 package rundir

@@ -34,8 +34,10 @@ const (
 	// EventReform (elastic training): the group lost members and re-formed without them as
 	// generation Gen of World ranks, from OldWorld; Detail is the cause, Source where the
 	// state came from (SourceMemory or SourceCheckpoint), LostSteps how many completed steps
-	// are trained again, ResumeSeconds the time from the loss to the new group holding its
-	// state, ready for its first step. Step is the step it continues from.
+	// are trained again, ResumeSeconds the time from the loss (the survivor's step failing)
+	// to the first step completed at the new world (the record is written then; without
+	// such a step, when the run ends first, it is left out). Step is the step it continues
+	// from.
 	EventReform = "reform"
 )
 
