@@ -159,7 +159,8 @@ elastic: {min_nodes: 2, max_nodes: 3, settle: 0s}
 // TestElasticLosesARank runs 3 ranks through Run, kills rank 2 at a step boundary, and checks
 // that the 2 survivors re-form, keep the global batch (accum 2 → 3), finish, and end with the
 // weights — bit for bit — of a fresh run at world 2 resumed from the same state: stage 0
-// continues from memory at the step of the loss, stage 2 from the newest checkpoint.
+// continues from memory at the step of the loss, stages 1 and 2 (with and without the
+// optimizer offloaded) from the newest checkpoint.
 func TestElasticLosesARank(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	dir := synthData(t, 120, 40)
@@ -169,13 +170,23 @@ func TestElasticLosesARank(t *testing.T) {
 		source   string
 		lost     int64
 		fromStep int64 // the state the survivors continue from: checkpoint step-3 holds it
+		offload  bool  // the optimizer on the host (zero_optimization.offload_optimizer: cpu)
 	}{
 		{stage: 0, killAt: 4, source: metrics.SourceMemory, lost: 0, fromStep: 3},
+		{stage: 1, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3},
 		{stage: 2, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3},
+		{stage: 2, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3, offload: true},
 	} {
-		t.Run(fmt.Sprintf("stage%d", c.stage), func(t *testing.T) {
+		name := fmt.Sprintf("stage%d", c.stage)
+		if c.offload {
+			name += "-offload"
+		}
+		t.Run(name, func(t *testing.T) {
 			out := t.TempDir()
 			cfg := elasticConfig(t, dir, out, c.stage, 2)
+			if c.offload {
+				cfg.Zero.OffloadOptimizer.Device = "cpu"
+			}
 			net, transports := collective.NewInproc(3, 1)
 			group := newInprocGroup(3)
 			res, errs := make([]trainer.Result, 3), make([]error, 3)
@@ -243,6 +254,7 @@ func TestElasticLosesARank(t *testing.T) {
 			}
 			ref := elasticConfig(t, dir, t.TempDir(), c.stage, 3)
 			ref.Elastic.MinNodes, ref.Elastic.MaxNodes = 0, 0
+			ref.Zero.OffloadOptimizer.Device = cfg.Zero.OffloadOptimizer.Device
 			_, rts := collective.NewInproc(2, 1)
 			refRes, refErrs := make([]trainer.Result, 2), make([]error, 2)
 			for r := range 2 {
