@@ -10,8 +10,9 @@
 // Who calls it: package job, for the commands of cmd/qvd. For `qvd train --nodes N` it builds
 // a Node with RoleCoordinator and calls Coordinate(ctx, job, N, config); for `qvd join PEER` a
 // RoleWorker Node, Join(PEER) and AwaitRoster, taking the job's config from the roster; for
-// `qvd status PEER` Status (cmd/qvd prints the members with FormatStatus). The job (package job) watches Events for Failed members (to abort collectives
-// early, naming the lost rank) and calls SetStep as training goes.
+// `qvd status PEER` Status (cmd/qvd prints the members with FormatStatus). The job watches
+// Events for Failed members (to abort collectives early, naming the lost rank), calls SetStep
+// as training goes, and after a loss in an elastic job re-forms the group (Survivors, Reform).
 //
 // Failure detection: memberlist probes each member about once per probe interval; a member
 // that answers neither direct nor indirect probes is suspected, and declared dead after the
