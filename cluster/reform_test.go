@@ -13,24 +13,10 @@ import (
 // and every survivor gets the same roster with the ranks in the old order.
 func TestReformAfterCoordinatorDies(t *testing.T) {
 	checkLeaks(t)
-	coord := startNode(t, "coord", RoleCoordinator)
-	workers := []*testNode{startNode(t, "w1", RoleWorker), startNode(t, "w2", RoleWorker), startNode(t, "w3", RoleWorker)}
-	for _, w := range workers {
-		join(t, w, coord)
-	}
-	eventually(t, 3*time.Second, "all members visible", func() bool { return len(coord.Members()) == 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	coord, workers, prev := formedJob(t, ctx, "job-r")
 	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Add(1)
-		go func() { defer wg.Done(); _, _ = w.AwaitRoster(ctx) }()
-	}
-	prev, err := coord.Coordinate(ctx, "job-r", 4, []byte("cfg"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
 
 	coord.srv.Stop()
 	coord.kill()
@@ -70,24 +56,10 @@ func TestReformAfterCoordinatorDies(t *testing.T) {
 // member of the committed roster gets the same one.
 func TestReformLeavesOutTheGone(t *testing.T) {
 	checkLeaks(t)
-	coord := startNode(t, "coord", RoleCoordinator)
-	workers := []*testNode{startNode(t, "w1", RoleWorker), startNode(t, "w2", RoleWorker), startNode(t, "w3", RoleWorker)}
-	for _, w := range workers {
-		join(t, w, coord)
-	}
-	eventually(t, 3*time.Second, "all members visible", func() bool { return len(coord.Members()) == 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	coord, workers, prev := formedJob(t, ctx, "job-g")
 	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Add(1)
-		go func() { defer wg.Done(); _, _ = w.AwaitRoster(ctx) }()
-	}
-	prev, err := coord.Coordinate(ctx, "job-g", 4, []byte("cfg"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
 
 	reform := func(prev *Roster, awaiting []*testNode, want []string) *Roster {
 		t.Helper()
@@ -136,4 +108,27 @@ func TestReformLeavesOutTheGone(t *testing.T) {
 	// w1's collectives found w2 gone (w2 is in fact alive): the coordinator follows w1.
 	workers[0].Suspect(r1.Job, r1.Gen, []string{"w2"})
 	reform(r1, workers[:1], []string{"coord", "w1"})
+}
+
+// formedJob starts a coordinator and workers w1-w3, and forms a job of the four of them: it
+// returns the nodes and generation 0's roster.
+func formedJob(t *testing.T, ctx context.Context, job string) (*testNode, []*testNode, *Roster) {
+	t.Helper()
+	coord := startNode(t, "coord", RoleCoordinator)
+	workers := []*testNode{startNode(t, "w1", RoleWorker), startNode(t, "w2", RoleWorker), startNode(t, "w3", RoleWorker)}
+	for _, w := range workers {
+		join(t, w, coord)
+	}
+	eventually(t, 3*time.Second, "all members visible", func() bool { return len(coord.Members()) == 4 })
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = w.AwaitRoster(ctx) }()
+	}
+	prev, err := coord.Coordinate(ctx, job, 4, []byte("cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	return coord, workers, prev
 }

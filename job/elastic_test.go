@@ -145,15 +145,7 @@ zero_optimization: {stage: %d}
 checkpoint: {every_steps: 3, keep: 10}
 elastic: {min_nodes: 2, max_nodes: 3, settle: 0s}
 `, out, dir, accum, stage)
-	cfg, err := configs.Parse([]byte(text), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Resolve()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return parseConfig(t, text)
 }
 
 // TestElasticLosesARank runs 3 ranks through Run, kills rank 2 at a step boundary, and checks

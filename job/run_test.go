@@ -70,6 +70,12 @@ data: {path: %q, cache: none}
 train: {micro_batch: %d, accum: 1, epochs: 1, max_steps: 5, eval_batch: 16, threads: 1}
 optimizer: {type: adamw, lr: 0.01}
 `, out, dir, micro)
+	return parseConfig(t, text)
+}
+
+// parseConfig parses, resolves and validates a test job's YAML.
+func parseConfig(t *testing.T, text string) configs.Config {
+	t.Helper()
 	cfg, err := configs.Parse([]byte(text), "test")
 	if err != nil {
 		t.Fatal(err)

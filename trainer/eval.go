@@ -51,27 +51,26 @@ func (t *Trainer) evaluate(cctx context.Context, res *Result) error {
 	if t.data.val == nil {
 		return t.evaluateTest(cctx, res)
 	}
-	acc, loss, n, err := t.evalSplit(cctx, t.data.val)
-	if err != nil || n == 0 {
-		return err
-	}
-	res.ValAccuracy, res.ValLoss = acc, loss
-	t.log.Info("validation", zap.Int64("step", t.pos.step), zap.Float64("epoch", t.fracEpoch()),
-		zap.Float64("val_accuracy", acc), zap.Float64("val_loss", loss), zap.Int("samples", n))
-	t.writeEval(metrics.KindVal, acc, loss, n)
-	return nil
+	return t.evaluateSplit(cctx, t.data.val, "validation", "val", metrics.KindVal, &res.ValAccuracy, &res.ValLoss)
 }
 
 // evaluateTest evaluates the test split, logs it as "evaluation" and records it.
 func (t *Trainer) evaluateTest(cctx context.Context, res *Result) error {
-	acc, loss, n, err := t.evalSplit(cctx, t.data.test)
+	return t.evaluateSplit(cctx, t.data.test, "evaluation", "test", metrics.KindEval, &res.TestAccuracy, &res.TestLoss)
+}
+
+// evaluateSplit evaluates d, stores its accuracy and loss in acc and loss, logs them as msg
+// with fields named prefix_accuracy and prefix_loss, and records them as a kind record. An
+// empty split leaves everything untouched.
+func (t *Trainer) evaluateSplit(cctx context.Context, d *data.Dataset, msg, prefix, kind string, acc, loss *float64) error {
+	a, l, n, err := t.evalSplit(cctx, d)
 	if err != nil || n == 0 {
 		return err
 	}
-	res.TestAccuracy, res.TestLoss = acc, loss
-	t.log.Info("evaluation", zap.Int64("step", t.pos.step), zap.Float64("epoch", t.fracEpoch()),
-		zap.Float64("test_accuracy", acc), zap.Float64("test_loss", loss), zap.Int("samples", n))
-	t.writeEval(metrics.KindEval, acc, loss, n)
+	*acc, *loss = a, l
+	t.log.Info(msg, zap.Int64("step", t.pos.step), zap.Float64("epoch", t.fracEpoch()),
+		zap.Float64(prefix+"_accuracy", a), zap.Float64(prefix+"_loss", l), zap.Int("samples", n))
+	t.writeEval(kind, a, l, n)
 	return nil
 }
 
