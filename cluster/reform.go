@@ -18,8 +18,10 @@ import (
 // same live members picks the same one without an election. It pushes the roster to the
 // others through the same two phases as Coordinate; they take it with AwaitRoster. Ranks
 // follow the old ranks' order. A member counts as alive only as the same process (its
-// Meta.Gen): one restarted under the same name is a newcomer, which this increment does not
-// admit.
+// Meta.Gen): one restarted under the same name is a newcomer. Newcomers — workers that joined
+// the cluster and wait for a roster of this job (Newcomers) — are admitted after the
+// survivors, up to the job's largest world: a job grows the same way it shrinks, by a
+// re-form at a step boundary.
 
 // Survivors returns the names of prev's members that gossip reports alive as the same
 // processes, this node included, in prev's rank order.
@@ -109,14 +111,14 @@ const refuseProbe = 500 * time.Millisecond
 
 // Reform runs the rendezvous of generation prev.Gen+1 of prev's job on its coordinator, the
 // lowest-ranked of SurvivorsExcept(prev, exclude), which must be this node. The roster
-// names the survivors in their old order (this node rank 0), with prev's config and a fresh
-// data secret, leaving out the members in exclude (this node's own evidence), those a
+// names the survivors in their old order (this node rank 0), then the Newcomers while the
+// world is below maxWorld, with prev's config and a fresh data secret, leaving out the members in exclude (this node's own evidence), those a
 // member's Prepare ack reports gone (Suspect) and those that do not answer Prepare within
 // reformCallTimeout; the roster it commits is what every survivor then follows. An attempt
 // that leaves someone out is retried at once without them; one that fails otherwise is
 // retried after a probe interval. It gives up after Config.RendezvousTimeout with an error
 // wrapping ErrRendezvousTimeout. The other survivors call AwaitRoster.
-func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string) (*Roster, error) {
+func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string, maxWorld int) (*Roster, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.RendezvousTimeout)
 	defer cancel()
@@ -135,6 +137,14 @@ func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string) (*Ros
 		for _, name := range alive[1:] {
 			if !slices.Contains(out, name) {
 				chosen = append(chosen, live[name])
+			}
+		}
+		for _, m := range n.Newcomers(prev) {
+			if len(chosen) >= maxWorld {
+				break
+			}
+			if !slices.Contains(out, m.Name) && !slices.ContainsFunc(chosen, func(c Member) bool { return c.Name == m.Name }) {
+				chosen = append(chosen, m)
 			}
 		}
 		left := false
@@ -170,6 +180,26 @@ func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string) (*Ros
 		}
 		t.Stop()
 	}
+}
+
+// Newcomers returns the live members that may join prev's job at its next generation, in
+// name order: workers (never observers or coordinators) of a compatible version with a gRPC
+// address, that belong to no job or to this one, and that are not members of prev as the
+// same process — a member restarted under its old name is a newcomer.
+func (n *Node) Newcomers(prev *Roster) []Member {
+	local := n.LocalMeta()
+	var out []Member
+	for _, m := range n.Members() {
+		if m.Name == n.cfg.NodeName || m.State != StateAlive || m.Meta.Role != RoleWorker || m.Meta.GRPC == "" ||
+			(m.Meta.Job != "" && m.Meta.Job != prev.Job) || !Compatible(m.Meta.Version, local.Version) {
+			continue
+		}
+		if i := prev.RankOf(m.Name); i >= 0 && prev.Members[i].Gen == m.Meta.Gen {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // RendezvousTimeout is Config.RendezvousTimeout: how long Reform and AwaitRoster wait.

@@ -30,7 +30,7 @@ func TestReformAfterCoordinatorDies(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); rs[i+1], errs[i+1] = w.AwaitRoster(ctx) }()
 	}
-	rs[0], errs[0] = workers[0].Reform(ctx, prev, nil)
+	rs[0], errs[0] = workers[0].Reform(ctx, prev, nil, 64)
 	wg.Wait()
 	for i, r := range rs {
 		if errs[i] != nil {
@@ -44,7 +44,7 @@ func TestReformAfterCoordinatorDies(t *testing.T) {
 			t.Fatalf("%s: roster gen %d (prev %d), rank %d, world %d, members %v", want[i], r.Gen, prev.Gen, r.Rank, r.World, names)
 		}
 	}
-	if _, err := workers[1].Reform(ctx, prev, nil); err == nil {
+	if _, err := workers[1].Reform(ctx, prev, nil, 64); err == nil {
 		t.Fatal("w2 coordinated although w1, ranked lower, is alive")
 	}
 }
@@ -70,7 +70,7 @@ func TestReformLeavesOutTheGone(t *testing.T) {
 			go func() { defer wg.Done(); rs[i], errs[i] = w.AwaitRoster(ctx) }()
 		}
 		start := time.Now()
-		r, err := coord.Reform(ctx, prev, nil)
+		r, err := coord.Reform(ctx, prev, nil, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,4 +131,72 @@ func formedJob(t *testing.T, ctx context.Context, job string) (*testNode, []*tes
 	}
 	wg.Wait()
 	return coord, workers, prev
+}
+
+// TestReformAdmitsNewcomers: a worker that joins the cluster while a job runs is a newcomer
+// of that job; a re-form with room admits it after the survivors (ranks in the old order,
+// the newcomer last), and one at the largest world leaves it waiting.
+func TestReformAdmitsNewcomers(t *testing.T) {
+	checkLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	coord, workers, prev := formedJob(t, ctx, "job-n")
+	w4 := startNode(t, "w4", RoleWorker)
+	join(t, w4, coord)
+	eventually(t, 10*time.Second, "the coordinator sees w4 as a newcomer", func() bool {
+		return reflect.DeepEqual(memberNames(coord.Newcomers(prev)), []string{"w4"})
+	})
+	obs := startNode(t, "obs", RoleObserver)
+	join(t, obs, coord)
+	eventually(t, 10*time.Second, "the coordinator sees the observer", func() bool { return len(coord.Members()) == 6 })
+	if got := memberNames(coord.Newcomers(prev)); !reflect.DeepEqual(got, []string{"w4"}) {
+		t.Fatalf("Newcomers = %v, want [w4] (an observer never joins a job)", got)
+	}
+
+	awaiting := append(append([]*testNode(nil), workers...), w4)
+	rs := make([]*Roster, len(awaiting))
+	errs := make([]error, len(awaiting))
+	var wg sync.WaitGroup
+	for i, w := range awaiting {
+		wg.Add(1)
+		go func() { defer wg.Done(); rs[i], errs[i] = w.AwaitRoster(ctx) }()
+	}
+	r, err := coord.Reform(ctx, prev, nil, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	want := []string{"coord", "w1", "w2", "w3", "w4"}
+	for i, got := range append([]*Roster{r}, rs...) {
+		if i > 0 && errs[i-1] != nil {
+			t.Fatalf("%s: %v", want[i], errs[i-1])
+		}
+		var names []string
+		for _, m := range got.Members {
+			names = append(names, m.Name)
+		}
+		if got.Gen != prev.Gen+1 || got.Rank != i || !reflect.DeepEqual(names, want) {
+			t.Fatalf("roster %d: gen %d (prev %d), rank %d, members %v, want %v", i, got.Gen, prev.Gen, got.Rank, names, want)
+		}
+	}
+	if n := coord.Newcomers(r); len(n) != 0 {
+		t.Fatalf("after admission, Newcomers = %v", memberNames(n))
+	}
+
+	// At the largest world nobody is admitted: the roster keeps the members it has.
+	w5 := startNode(t, "w5", RoleWorker)
+	join(t, w5, coord)
+	eventually(t, 10*time.Second, "the coordinator sees w5", func() bool { return len(coord.Newcomers(r)) == 1 })
+	for i, w := range awaiting {
+		wg.Add(1)
+		go func() { defer wg.Done(); rs[i], errs[i] = w.AwaitRoster(ctx) }()
+	}
+	r2, err := coord.Reform(ctx, r, nil, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if r2.World != 5 || r2.Members[4].Name != "w4" {
+		t.Fatalf("at max_nodes 5 the re-form gave world %d (%v)", r2.World, r2.Members)
+	}
 }

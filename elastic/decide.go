@@ -28,17 +28,25 @@ const (
 	Wait                   // fewer than min_nodes remain: wait up to rejoin_timeout for members
 )
 
-// Loss is what the survivors know when they re-form.
+// Loss is what the survivors know when they re-form: after losing members, or to admit
+// newcomers (then nothing is lost and Survivors is OldWorld).
 type Loss struct {
-	OldWorld, NewWorld int   // the group's size before and after the loss
-	Stage              int   // ZeRO stage
-	Step               int64 // the last step the survivors completed
+	OldWorld, NewWorld int // the group's size before and after the re-form
+	// Survivors is how many members of the old generation are in the new one; 0 means
+	// NewWorld (no newcomers were admitted).
+	Survivors int
+	Stage     int   // ZeRO stage
+	Step      int64 // the last step the survivors completed
 	// Checkpoint is the step of the newest complete checkpoint, or -1 without one.
 	Checkpoint int64
-	// Micro and Accum are the micro-batch and accumulation in use before the loss.
-	Micro, Accum int
+	// Micro and Accum are the configured micro-batch and accumulation, which were set for
+	// BaseWorld members (0: OldWorld): the global batch to keep.
+	Micro, Accum, BaseWorld int
 	// FormerRank0: the survivors include the last generation's rank 0 (it breaks a tie).
 	FormerRank0 bool
+	// Whole: every survivor holds the whole state — ZeRO stage 0, or a re-form the group
+	// planned at a step boundary (admitting members), which gathered it first.
+	Whole bool
 }
 
 // Plan is the decision.
@@ -67,25 +75,34 @@ var (
 // the last generation stop (ErrMinority): more than half of its members, or exactly half
 // including its rank 0, so at most one side of a partition trains on and writes checkpoints.
 // A world below min_nodes waits (the caller fails with the loss once rejoin_timeout passes);
-// otherwise it continues from memory at stage 0 and from the newest checkpoint at stages
-// 1-2, with the accumulation Accum gives.
+// otherwise it continues from memory where the survivors hold the whole state (Whole) and
+// from the newest checkpoint otherwise, with the accumulation Accum gives for the configured
+// global batch.
 func Decide(cfg Config, l Loss) (Plan, error) {
-	if 2*l.NewWorld < l.OldWorld || (2*l.NewWorld == l.OldWorld && !l.FormerRank0) {
+	surv := l.Survivors
+	if surv == 0 {
+		surv = l.NewWorld
+	}
+	if 2*surv < l.OldWorld || (2*surv == l.OldWorld && !l.FormerRank0) {
 		return Plan{}, fmt.Errorf("%w: %d of its %d members remain here (a quorum is more than half, or exactly half with its rank 0); the other side may be training on, so this side stops",
-			ErrMinority, l.NewWorld, l.OldWorld)
+			ErrMinority, surv, l.OldWorld)
 	}
 	if l.NewWorld < cfg.MinNodes {
 		return Plan{Action: Wait}, nil
 	}
 	p := Plan{Action: Continue, Source: FromMemory, FromStep: l.Step}
-	if l.Stage > 0 {
+	if l.Stage > 0 && !l.Whole {
 		if l.Checkpoint < 0 {
 			return Plan{}, fmt.Errorf("%w: ZeRO stage %d shards the optimizer state and the lost rank's shard is gone; there is no complete checkpoint in checkpoint.dir to resume from (set checkpoint.every_steps, or use zero_optimization.stage 0, whose survivors hold the whole state)",
 				ErrNoState, l.Stage)
 		}
 		p.Source, p.FromStep, p.LostSteps = FromCheckpoint, l.Checkpoint, max(0, l.Step-l.Checkpoint)
 	}
-	accum, warn, err := Accum(l.Micro, l.Accum, l.OldWorld, l.NewWorld, cfg.KeepGlobalBatch)
+	base := l.BaseWorld
+	if base == 0 {
+		base = l.OldWorld
+	}
+	accum, warn, err := Accum(l.Micro, l.Accum, base, l.NewWorld, cfg.KeepGlobalBatch)
 	if err != nil {
 		return Plan{}, err
 	}

@@ -29,8 +29,9 @@ func (j *job) membership() Membership {
 	return nil
 }
 
-// clusterMembership re-forms a job over its cluster member: gossip tells who is alive, the
-// lowest-ranked survivor coordinates the next generation (cluster.Node.Reform), the others
+// clusterMembership re-forms a job over its cluster member: gossip tells who is alive and who
+// waits to join, the lowest-ranked survivor coordinates the next generation
+// (cluster.Node.Reform, which admits the newcomers), the others — survivors and newcomers —
 // await its roster, and every survivor builds the next data plane.
 type clusterMembership struct{ j *job }
 
@@ -43,7 +44,9 @@ func (c *clusterMembership) Watch(lost func(error)) func() {
 	return func() { once.Do(func() { close(stop) }) }
 }
 
-func (c *clusterMembership) Reform(ctx context.Context, cause error, min int, wait time.Duration) (Generation, error) {
+func (c *clusterMembership) Newcomers() int { return len(c.j.member.node.Newcomers(c.j.roster)) }
+
+func (c *clusterMembership) Reform(ctx context.Context, cause error, min, max int, wait time.Duration) (Generation, error) {
 	j, m, prev := c.j, c.j.member, c.j.roster
 	gone := goneMembers(cause, prev)
 	// Reported in this member's Prepare acks: the coordinator leaves them out at once.
@@ -66,7 +69,7 @@ func (c *clusterMembership) Reform(ctx context.Context, cause error, min int, wa
 		}
 		var err error
 		if alive[0] == m.node.LocalName() {
-			r, err = m.node.Reform(rdv, prev, gone)
+			r, err = m.node.Reform(rdv, prev, gone, max)
 		} else {
 			// The coordinator is the lowest-ranked survivor; when it turns out gone meanwhile
 			// (gossip declares it dead), this member may coordinate instead.

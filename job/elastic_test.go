@@ -32,6 +32,12 @@ type inprocGroup struct {
 	waiting map[int]bool
 	formed  chan struct{}
 	next    map[int]Generation
+	// newcomers wait to join from the admitAt-th time Newcomers is asked (a step of rank
+	// 0); the next generation formed gives each of them its place on admitted.
+	newcomers []int
+	admitAt   int
+	asked     int
+	admitted  chan Generation
 }
 
 func newInprocGroup(n int) *inprocGroup {
@@ -65,7 +71,17 @@ type inprocMember struct {
 
 func (m *inprocMember) Watch(lost func(error)) func() { return func() {} } // the transport reports the loss
 
-func (m *inprocMember) Reform(ctx context.Context, cause error, min int, wait time.Duration) (Generation, error) {
+func (m *inprocMember) Newcomers() int {
+	g := m.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.asked++; g.asked < g.admitAt {
+		return 0
+	}
+	return len(g.newcomers)
+}
+
+func (m *inprocMember) Reform(ctx context.Context, cause error, min, max int, wait time.Duration) (Generation, error) {
 	g := m.g
 	g.mu.Lock()
 	if g.dead[m.id] {
@@ -79,6 +95,9 @@ func (m *inprocMember) Reform(ctx context.Context, cause error, min int, wait ti
 	g.waiting[m.id] = true
 	formed := g.formed
 	if len(g.waiting) == len(g.alive) {
+		for len(g.newcomers) > 0 && len(g.alive) < max {
+			g.alive, g.newcomers = append(g.alive, g.newcomers[0]), g.newcomers[1:]
+		}
 		_, ts := collective.NewInproc(len(g.alive), 1)
 		g.gen++
 		g.next = map[int]Generation{}
@@ -90,6 +109,11 @@ func (m *inprocMember) Reform(ctx context.Context, cause error, min int, wait ti
 			}
 			tr := ts[r]
 			g.next[id] = Generation{Gen: g.gen, Rank: r, World: len(g.alive), Comm: ring, Close: func() { ring.Close(); tr.Close() }}
+		}
+		for _, id := range g.alive {
+			if !g.waiting[id] {
+				g.admitted <- g.next[id] // buffered
+			}
 		}
 		g.waiting = map[int]bool{}
 		close(g.formed)
@@ -109,7 +133,7 @@ func (m *inprocMember) Reform(ctx context.Context, cause error, min int, wait ti
 }
 
 // killAt is a rank's communicator that dies as it enters the step counters' all-reduce of
-// step `at` (trainer: one four-counter AllReduceInt64 per step, after the gradient's
+// step `at` (trainer: one five-counter AllReduceInt64 per step, after the gradient's
 // reduction): every rank has completed step at-1 — and its checkpoint — and none can apply
 // step at.
 type killAt struct {
@@ -122,7 +146,7 @@ type killAt struct {
 }
 
 func (k *killAt) AllReduceInt64(ctx context.Context, v []int64, op collective.Op) error {
-	if len(v) == 4 {
+	if len(v) == 5 {
 		if k.calls++; k.calls == k.at {
 			k.group.kill(k.rank)
 			k.net.Kill(k.rank)
@@ -270,6 +294,104 @@ func TestElasticLosesARank(t *testing.T) {
 			}
 			if refRes[0].Steps != 8 || refRes[0].WeightsSHA256 != res[0].WeightsSHA256 {
 				t.Fatalf("the survivors end with weights %s, a fresh world-2 run resumed from %s with %s (%d steps)",
+					res[0].WeightsSHA256, ckpt, refRes[0].WeightsSHA256, refRes[0].Steps)
+			}
+		})
+	}
+}
+
+// TestElasticAdmitsAMember runs 2 ranks of a job that may grow to 3; a third member waits
+// to join from step 3. Rank 0 stops the group at that step boundary, the state is gathered
+// (every stage), the group re-forms with the newcomer — which receives the state from rank
+// 0 — and the 3 ranks keep the global batch (accum 3 → 2) and finish with the weights, bit
+// for bit, of a fresh world-3 run resumed from the checkpoint of step 3.
+func TestElasticAdmitsAMember(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := synthData(t, 120, 40)
+	for _, stage := range []int{0, 1, 2} {
+		t.Run(fmt.Sprintf("stage%d", stage), func(t *testing.T) {
+			out := t.TempDir()
+			cfg := elasticConfig(t, dir, out, stage, 3)
+			_, transports := collective.NewInproc(2, 1)
+			group := newInprocGroup(2)
+			group.newcomers, group.admitAt, group.admitted = []int{2}, 3, make(chan Generation, 1)
+			res, errs := make([]trainer.Result, 3), make([]error, 3)
+			var stderr [3]bytes.Buffer
+			var wg sync.WaitGroup
+			for r := range 2 {
+				ring, err := collective.NewRing(transports[r], collective.DefaultConfig())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ring.Close()
+				defer transports[r].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res[r], errs[r] = Run(context.Background(), cfg, Options{Stderr: &stderr[r], Quiet: true, Comm: ring, Membership: group.member(r), LogLevel: zapcore.InfoLevel})
+				}()
+			}
+			wg.Add(1)
+			go func() { // the newcomer: it starts once the group admits it
+				defer wg.Done()
+				select {
+				case g := <-group.admitted:
+					defer g.Close()
+					res[2], errs[2] = Run(context.Background(), cfg, Options{Stderr: &stderr[2], Quiet: true, Comm: g.Comm, Membership: group.member(2), LogLevel: zapcore.InfoLevel})
+				case <-time.After(60 * time.Second):
+					errs[2] = errors.New("test: the newcomer was never admitted")
+				}
+			}()
+			wg.Wait()
+			for r := range 3 {
+				if errs[r] != nil {
+					t.Fatalf("rank %d: %v\n%s", r, errs[r], stderr[r].String())
+				}
+				if res[r].Steps != 8 || res[r].Accum != 2 || res[r].WeightsSHA256 != res[0].WeightsSHA256 {
+					t.Fatalf("rank %d: %d steps, accum %d, weights %s; rank 0: %s", r, res[r].Steps, res[r].Accum, res[r].WeightsSHA256, res[0].WeightsSHA256)
+				}
+			}
+			recs, err := metrics.ReadFile(cfg.MetricsPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reform *metrics.Record
+			for i := range recs {
+				if recs[i].Event == metrics.EventReform {
+					reform = &recs[i]
+				}
+			}
+			if reform == nil || reform.World != 3 || reform.OldWorld != 2 || reform.Source != metrics.SourceMemory || reform.LostSteps != 0 ||
+				reform.Step != 3 || reform.Detail != "admitted 1 members" || reform.ResumeSeconds <= 0 {
+				t.Fatalf("reform record %+v", reform)
+			}
+
+			ckpt := filepath.Join(cfg.Checkpoint.Dir, "step-00000003")
+			ref := elasticConfig(t, dir, t.TempDir(), stage, 2)
+			ref.Elastic.MinNodes, ref.Elastic.MaxNodes = 0, 0
+			_, rts := collective.NewInproc(3, 1)
+			refRes, refErrs := make([]trainer.Result, 3), make([]error, 3)
+			for r := range 3 {
+				ring, err := collective.NewRing(rts[r], collective.DefaultConfig())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ring.Close()
+				defer rts[r].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					refRes[r], refErrs[r] = Run(context.Background(), ref, Options{Quiet: true, Comm: ring, Resume: ckpt, LogLevel: zapcore.WarnLevel})
+				}()
+			}
+			wg.Wait()
+			for r := range 3 {
+				if refErrs[r] != nil {
+					t.Fatalf("reference rank %d: %v", r, refErrs[r])
+				}
+			}
+			if refRes[0].Steps != 8 || refRes[0].WeightsSHA256 != res[0].WeightsSHA256 {
+				t.Fatalf("the grown group ends with weights %s, a fresh world-3 run resumed from %s with %s (%d steps)",
 					res[0].WeightsSHA256, ckpt, refRes[0].WeightsSHA256, refRes[0].Steps)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -85,8 +86,15 @@ type job struct {
 	roster      *cluster.Roster
 	mem         Membership // Options.Membership
 	closeGen    func()     // releases a re-formed generation's communicator (nil: none)
-	getenv      func(string) string
-	lookupEnv   func(string) (string, bool)
+	// baseWorld is the world the configured micro-batch × accumulation was set for: the first
+	// generation's (an elastic job keeps its global batch from there; see elastic.Accum).
+	baseWorld int
+	// generation is the group's generation (the roster's Gen; 0 in one process) and
+	// noAdmitUntil holds off admitting members after a re-form that admitted none of them.
+	generation   uint64
+	noAdmitUntil time.Time
+	getenv       func(string) string
+	lookupEnv    func(string) (string, bool)
 
 	stdout   io.Writer
 	line     *progress.Line
@@ -216,7 +224,7 @@ func (j *job) coordinate(ctx context.Context, m *Member) (*cluster.Roster, error
 // attach connects the job to its group: the communicator over the roster, and the
 // failure watcher.
 func (j *job) attach(ctx context.Context, m *Member, r *cluster.Roster) error {
-	j.member, j.roster = m, r
+	j.member, j.roster, j.generation = m, r, r.Gen
 	_ = m.node.UpdateMeta(func(meta *cluster.Meta) { meta.Rank = r.Rank; meta.Job = r.Job })
 	d, err := m.Communicator(ctx, r, j.cfg.Collective)
 	if err != nil {

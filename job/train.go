@@ -154,6 +154,19 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	setup.MemoryMonitor = mon
 	setup.Rebuild, setup.AdaptOnPressure = eng.rebuild, cfg.Memory.Adapt
 	setup.Prefetch = cfg.Data.Prefetch
+	mem := j.membership()
+	if mem != nil {
+		setup.Admit = j.admit(mem)
+		if _, err := j.joinRunning(ctx, &setup); err != nil {
+			return trainer.Result{}, err
+		}
+	}
+	samples, closeSamples, err := j.sampleLog()
+	if err != nil {
+		return trainer.Result{}, err
+	}
+	defer closeSamples()
+	setup.SampleLog = samples
 	build = mon.Measure("trainer build")
 	t, err := trainer.New(setup)
 	if err != nil {
@@ -174,7 +187,6 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		return trainer.Result{}, err
 	}
 	defer restore()
-	mem := j.membership()
 	if j.member != nil && mem == nil {
 		lost := t.Abort
 		if sink.file != nil {
@@ -202,7 +214,7 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		if stopWatch != nil {
 			stopWatch()
 		}
-		if err == nil || mem == nil || res.Interrupted || ctx.Err() != nil || !lostMember(err) {
+		if err == nil || mem == nil || res.Interrupted || ctx.Err() != nil || !(lostMember(err) || errors.Is(err, trainer.ErrRegroup)) {
 			break
 		}
 		if ferr := flushReform(pending); ferr != nil {
@@ -219,6 +231,9 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 		}
 		t.Close()
 		t = next.t
+		if samples != nil {
+			samples.Gen = j.generation
+		}
 		if sink.file == nil && j.rank == 0 && j.member != nil {
 			if mw, release := j.takeOverRunDir(); mw != nil {
 				defer release() // once: sink.file is set from here on

@@ -87,6 +87,9 @@ type startState struct {
 	AtCheckpoint bool
 	// Resumed: rank 0 resumed, and streams the optimizer state from its checkpoint.
 	Resumed bool
+	// FromMemory: rank 0 continues from a state in memory (Setup.State, elastic training)
+	// and broadcasts its optimizer state; a rank admitted to the group holds none.
+	FromMemory bool
 }
 
 // syncFromRank0 makes every rank start from rank 0's state — its initialisation or the
@@ -105,6 +108,7 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 	}
 	s.AtCheckpoint = t.ckpt.last != "" && t.ckpt.step == t.pos.step
 	s.Resumed = t.ckpt.resumed != nil
+	s.FromMemory = t.mem != nil
 	if t.group.world > 1 {
 		b, err := binary.Append(nil, binary.LittleEndian, &s)
 		if err != nil {
@@ -128,7 +132,7 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 			return err
 		}
 	}
-	if t.mem != nil {
+	if s.FromMemory {
 		if err := t.loadMemoryState(ctx); err != nil {
 			return err
 		}

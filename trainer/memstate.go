@@ -37,6 +37,10 @@ var ErrStateSharded = errors.New("trainer: this rank holds only a shard of the o
 // applied: its reductions come before the optimizer. It needs the whole optimizer state on
 // this rank (ZeRO stage 0, or one worker), else ErrStateSharded. It runs no collective.
 func (t *Trainer) TakeState() (*State, error) {
+	if s := t.group.gathered; s != nil { // Run ended with ErrRegroup
+		t.group.gathered = nil
+		return s, nil
+	}
 	lo, hi := t.eng.Shard()
 	if trainable := t.layout.Trainable(); lo != 0 || hi != trainable {
 		return nil, fmt.Errorf("%w [%d, %d) of %d elements (ZeRO stage %d, world %d)", ErrStateSharded, lo, hi, trainable, t.spec.zero.Stage, t.group.world)
@@ -44,9 +48,20 @@ func (t *Trainer) TakeState() (*State, error) {
 	if err := t.stepper.PullState(); err != nil {
 		return nil, fmt.Errorf("taking the training state: %w", err)
 	}
-	master, err := t.eng.FullMaster(context.Background()) // a whole shard: no collective
+	// A whole shard: Gather and FullMaster run no collective.
+	s, err := t.wholeState(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("taking the training state: %w", err)
+	}
+	return s, nil
+}
+
+// wholeState copies the whole training state into a State, gathering the master weights and
+// each optimizer buffer's shards: a collective at ZeRO stages 1-2 in a group.
+func (t *Trainer) wholeState(ctx context.Context) (*State, error) {
+	master, err := t.eng.FullMaster(ctx)
+	if err != nil {
+		return nil, err
 	}
 	s := &State{
 		Master:         make([]float32, t.layout.Size),
@@ -57,13 +72,37 @@ func (t *Trainer) TakeState() (*State, error) {
 	copy(s.Master[:f], t.frozenWeights())
 	copy(s.Master[f:], master)
 	for _, nb := range optim.ExportState(t.eng.Optimizer()) {
-		s.Optimizer = append(s.Optimizer, optim.NamedBuffer{Name: nb.Name, Data: append([]float32(nil), nb.Data...)})
+		full, err := t.eng.Gather(ctx, nb.Data)
+		if err != nil {
+			return nil, fmt.Errorf("the optimizer state %s: %w", nb.Name, err)
+		}
+		s.Optimizer = append(s.Optimizer, optim.NamedBuffer{Name: nb.Name, Data: full})
 	}
 	if t.scaler != nil {
 		st := t.scaler.State()
 		s.Scaler = &st
 	}
 	return s, nil
+}
+
+// ErrRegroup is Run's error when the group voted to admit members (Setup.Admit) at the step
+// just completed: every rank has stopped there with the whole state gathered, for TakeState.
+var ErrRegroup = errors.New("trainer: members wait to join the group")
+
+// regroup ends Run for a re-form that admits members: it gathers the whole state on every
+// rank — at ZeRO stages 1-2 each optimizer buffer's shards, a collective — so that every
+// current member can continue from memory at the new world, and returns ErrRegroup.
+func (t *Trainer) regroup(cctx context.Context) error {
+	if err := t.stepper.PullState(); err != nil {
+		return fmt.Errorf("gathering the training state: %w", err)
+	}
+	s, err := t.wholeState(cctx)
+	if err != nil {
+		return t.abortCause(cctx, fmt.Errorf("gathering the training state: %w", err))
+	}
+	t.group.gathered = s
+	t.log.Info("members wait to join: ending this generation at a step boundary", zap.Int64("step", t.pos.step))
+	return ErrRegroup
 }
 
 // useState starts this trainer from s (New, on every rank): the weights and position now, the
@@ -96,17 +135,23 @@ func (t *Trainer) useState(s *State) error {
 
 // loadMemoryState fills this rank's optimizer shard from the in-memory state: rank 0's copy,
 // broadcast first so that every rank continues from the same state even if the survivors
-// stopped a step apart.
+// stopped a step apart. A rank without one (admitted to a running job) receives it.
 func (t *Trainer) loadMemoryState(ctx context.Context) error {
 	lo, hi := t.eng.Shard()
 	state := optim.ExportState(t.eng.Optimizer())
-	for i, nb := range t.mem.Optimizer {
+	for i := range state {
+		var buf []float32
+		if t.mem != nil {
+			buf = t.mem.Optimizer[i].Data
+		} else {
+			buf = make([]float32, t.layout.Trainable())
+		}
 		if t.group.world > 1 {
-			if err := t.group.broadcast(ctx, "the optimizer state", nb.Data); err != nil {
+			if err := t.group.broadcast(ctx, "the optimizer state", buf); err != nil {
 				return err
 			}
 		}
-		copy(state[i].Data, nb.Data[lo:hi])
+		copy(state[i].Data, buf[lo:hi])
 	}
 	if err := optim.ImportState(t.eng.Optimizer(), state); err != nil {
 		return fmt.Errorf("the optimizer state from memory: %w", err)

@@ -24,6 +24,11 @@ type prefetchState struct {
 // with data.prefetch 0, taken from the prefetcher otherwise.
 func (t *Trainer) nextMicroBatch(cctx context.Context, j int) error {
 	m := t.cfg.MicroBatch
+	if t.data.samples != nil {
+		if err := t.data.samples.record(t, j, data.MicroBatch(t.data.perm, t.pos.offset, j, t.group.world, t.group.rank, m)); err != nil {
+			return err
+		}
+	}
 	if t.prefetch.depth == 0 {
 		return t.data.train.FillAugmented(t.data.batch, data.MicroBatch(t.data.perm, t.pos.offset, j, t.group.world, t.group.rank, m), t.data.norm, data.Draw{Seed: t.spec.seed, Epoch: t.pos.epoch})
 	}

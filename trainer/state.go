@@ -40,6 +40,11 @@ type group struct {
 	comm        collective.Communicator // nil for a single worker
 	scalarBuf   []float32               // for the small per-step all-reduces: loss sums
 	intBuf      []int64                 // and counters and flags (read them out before the next call)
+	// admit is Setup.Admit; regroup is set when the group voted to admit members at the
+	// step just done, and gathered is the whole state Run collected for TakeState then.
+	admit    func() bool
+	regroup  bool
+	gathered *State
 }
 
 // position is how far the run has got: the next step is global step step+1, reading the
@@ -89,6 +94,7 @@ type dataState struct {
 	batch       *data.Batch
 	evalBatch   *data.Batch
 	perm        []int32
+	samples     *SampleLog // nil: none
 }
 
 // ckptState is the checkpointing side of the run.

@@ -30,6 +30,7 @@ type votes struct {
 	stop       bool // a rank was asked to stop, or failed to write its metrics
 	adapt      bool // a rank wants the micro-batch halved
 	sinkFailed bool // a rank failed to write its metrics
+	regroup    bool // members wait to join the group (Setup.Admit)
 }
 
 // stepTimes is where the step's time went (metrics' phase_seconds): the micro-batches'
@@ -76,6 +77,8 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	if err := t.report(res, t.stepRecord(d, stats, times), start); err != nil {
 		return v.stop, err
 	}
+	// A stop wins over admitting members: the run ends at this step either way.
+	t.group.regroup = v.regroup && !v.stop
 	if v.adapt {
 		if err := t.halveMicroBatch(); err != nil {
 			return v.stop, fmt.Errorf("after step %d: %w", t.pos.step, err)
@@ -149,12 +152,13 @@ func (t *Trainer) reduce(ctx, cctx context.Context, c collected, scale float64, 
 	}
 	// The micro-batches that ran, a stop request, a request to adapt the micro-batch and a
 	// failed metrics write: counted over the ranks.
-	n := t.group.intBuf[:4]
+	n := t.group.intBuf[:5]
 	n[0], n[1], n[2], n[3] = int64(c.ran), vote(ctx.Err() != nil), vote(t.wantAdapt()), vote(t.out.sinkErr != nil)
+	n[4] = vote(t.group.admit != nil && t.group.admit())
 	if err := t.group.reduceInts(cctx, n, collective.Sum); err != nil {
 		return stepStats{}, votes{}, fmt.Errorf("step %d: reducing the step's counters: %w", t.pos.step+1, err)
 	}
-	ran, v := int(n[0]), votes{stop: n[1] > 0 || n[3] > 0, adapt: n[2] > 0, sinkFailed: n[3] > 0}
+	ran, v := int(n[0]), votes{stop: n[1] > 0 || n[3] > 0, adapt: n[2] > 0, sinkFailed: n[3] > 0, regroup: n[4] > 0}
 	if v.sinkFailed && t.out.sinkErr == nil {
 		t.out.sinkErr = errPeerSink
 	}

@@ -127,6 +127,13 @@ type Setup struct {
 	// OOMAdaptAfter is how many consecutive micro-batches may fail with
 	// memory.ErrOutOfMemory before the micro-batch is halved (0 = 3).
 	OOMAdaptAfter int
+	// Admit, if set, is asked at every step boundary whether members wait to join the group
+	// (elastic training, on the rank that coordinates the next generation). A yes is voted
+	// with the step's counters, and every rank ends Run after that step with ErrRegroup, the
+	// whole state gathered for TakeState: the job re-forms with the newcomers.
+	Admit func() bool
+	// SampleLog, if set, records every micro-batch's sample indices (testing elastic runs).
+	SampleLog *SampleLog
 	// Prefetch is how many training micro-batches a goroutine fills ahead of the step
 	// (data.prefetch; 0 = fill each in the step). The batches, and so the run, are the same.
 	Prefetch int
@@ -218,10 +225,10 @@ func New(s Setup) (*Trainer, error) {
 	t := &Trainer{
 		cfg:    cfg,
 		spec:   runSpec{sched: s.Schedule, opt: s.Optimizer, zero: s.Zero, seed: s.Seed, snapshot: s.ConfigSnapshot, format: cfg.Format()},
-		group:  group{world: 1, rank: 0, comm: s.Comm, scalarBuf: make([]float32, 8), intBuf: make([]int64, 8)},
+		group:  group{world: 1, rank: 0, comm: s.Comm, scalarBuf: make([]float32, 8), intBuf: make([]int64, 8), admit: s.Admit},
 		model:  s.Model,
 		layout: s.Model.Layout(),
-		data:   dataState{train: s.Train, test: s.Test, val: s.Val, norm: s.Normalize},
+		data:   dataState{train: s.Train, test: s.Test, val: s.Val, norm: s.Normalize, samples: s.SampleLog},
 		ckpt:   ckptState{cfg: s.Checkpoint},
 		out:    outputs{metrics: s.Metrics, progress: s.Progress, clock: s.Clock, mem: memstat.NewReader(), mon: s.MemoryMonitor},
 		log:    s.Logger,
@@ -516,6 +523,9 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 				if err := t.save(cctx); err != nil {
 					return res, t.abortCause(cctx, err)
 				}
+			}
+			if t.group.regroup {
+				return res, t.regroup(cctx)
 			}
 		}
 		epochDone := t.pos.offset+t.spec.global > len(t.data.perm)

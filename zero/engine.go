@@ -753,12 +753,26 @@ func (e *Engine) FullMaster(ctx context.Context) ([]float32, error) {
 	if e.cfg.Stage == 0 {
 		return e.master, nil
 	}
+	full, err := e.Gather(ctx, e.master)
+	if err != nil {
+		return nil, fmt.Errorf("gathering the fp32 master weights: %w", err)
+	}
+	return full, nil
+}
+
+// Gather returns the whole vector of which shard is this rank's part (Shard's [lo, hi)), on
+// every rank: a collective at stages 1-2 that every rank must call; at stage 0 a copy. The
+// result is a new slice on the Go heap.
+func (e *Engine) Gather(ctx context.Context, shard []float32) ([]float32, error) {
+	if len(shard) != e.hi-e.lo {
+		return nil, fmt.Errorf("zero: Gather of %d elements, this rank's shard has %d", len(shard), e.hi-e.lo)
+	}
 	full := make([]float32, len(e.params))
-	copy(full[e.lo:e.hi], e.master)
-	if e.world > 1 {
+	copy(full[e.lo:e.hi], shard)
+	if e.world > 1 && e.cfg.Stage > 0 {
 		for _, b := range e.gather {
 			if err := e.comm.AllGather(ctx, full[b.Lo:b.Hi], b.Shards, collective.Call{}); err != nil {
-				return nil, fmt.Errorf("gathering the fp32 master weights: %w", err)
+				return nil, err
 			}
 		}
 	}
