@@ -298,7 +298,7 @@ func (j *job) joinRunning(ctx context.Context, setup *trainer.Setup) (joined boo
 		return false, err
 	}
 	setup.Config.Accum = plan.Accum
-	j.log.Info("admitted to a running job: receiving the state from rank 0", zap.Int("rank", j.rank), zap.Int("world", j.world),
+	j.log.Info("admitted to a running job: receiving the state from rank 0", zap.Int("world", j.world),
 		zap.String("source", string(plan.Source)), zap.Int64("from_step", plan.FromStep), zap.Int("accum", plan.Accum))
 	return true, nil
 }

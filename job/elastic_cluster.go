@@ -90,16 +90,9 @@ func (c *clusterMembership) Reform(ctx context.Context, cause error, min, max in
 	if r.Job != prev.Job || r.Gen <= prev.Gen {
 		return Generation{}, fmt.Errorf("re-forming after %v: got the roster of job %s gen %d, want job %s after gen %d", cause, r.Job, r.Gen, prev.Job, prev.Gen)
 	}
-	// The new data plane is named apart from the old one, whose transports may still be
-	// draining on the shared listeners.
-	dr := r.Clone()
-	dr.Job = genJob(r.Job, r.Gen)
-	if err := j.attach(ctx, m, dr); err != nil {
+	if err := j.attach(ctx, m, r); err != nil {
 		return Generation{}, fmt.Errorf("re-forming: %w", err)
 	}
-	// attach published the data plane's name as this member's job: put the job's back.
-	_ = m.node.UpdateMeta(func(meta *cluster.Meta) { meta.Job = r.Job })
-	j.roster = r
 	return Generation{Gen: r.Gen, Rank: r.Rank, World: r.World, Comm: j.comm}, nil
 }
 

@@ -222,11 +222,15 @@ func (j *job) coordinate(ctx context.Context, m *Member) (*cluster.Roster, error
 }
 
 // attach connects the job to its group: the communicator over the roster, and the
-// failure watcher.
+// failure watcher. Each generation's data plane is named apart (genJob), so that an elastic
+// job's next generation — survivors and newcomers alike — never meets the old one's
+// transports, which may still be draining on the shared listeners.
 func (j *job) attach(ctx context.Context, m *Member, r *cluster.Roster) error {
 	j.member, j.roster, j.generation = m, r, r.Gen
 	_ = m.node.UpdateMeta(func(meta *cluster.Meta) { meta.Rank = r.Rank; meta.Job = r.Job })
-	d, err := m.Communicator(ctx, r, j.cfg.Collective)
+	dr := r.Clone()
+	dr.Job = genJob(r.Job, r.Gen)
+	d, err := m.Communicator(ctx, dr, j.cfg.Collective)
 	if err != nil {
 		return err
 	}
