@@ -308,10 +308,20 @@ func TestElasticLosesARank(t *testing.T) {
 func TestElasticAdmitsAMember(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	dir := synthData(t, 120, 40)
-	for _, stage := range []int{0, 1, 2} {
-		t.Run(fmt.Sprintf("stage%d", stage), func(t *testing.T) {
+	for _, c := range []struct {
+		stage   int
+		offload bool
+	}{{0, false}, {1, false}, {2, false}, {2, true}} {
+		stage, name := c.stage, fmt.Sprintf("stage%d", c.stage)
+		if c.offload {
+			name += "-offload"
+		}
+		t.Run(name, func(t *testing.T) {
 			out := t.TempDir()
 			cfg := elasticConfig(t, dir, out, stage, 3)
+			if c.offload {
+				cfg.Zero.OffloadOptimizer.Device = "cpu"
+			}
 			_, transports := collective.NewInproc(2, 1)
 			group := newInprocGroup(2)
 			group.newcomers, group.admitAt, group.admitted = []int{2}, 3, make(chan Generation, 1)
@@ -369,6 +379,7 @@ func TestElasticAdmitsAMember(t *testing.T) {
 			ckpt := filepath.Join(cfg.Checkpoint.Dir, "step-00000003")
 			ref := elasticConfig(t, dir, t.TempDir(), stage, 2)
 			ref.Elastic.MinNodes, ref.Elastic.MaxNodes = 0, 0
+			ref.Zero.OffloadOptimizer.Device = cfg.Zero.OffloadOptimizer.Device
 			_, rts := collective.NewInproc(3, 1)
 			refRes, refErrs := make([]trainer.Result, 3), make([]error, 3)
 			for r := range 3 {
