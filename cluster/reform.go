@@ -124,6 +124,7 @@ func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string, maxWo
 	defer cancel()
 	gen := prev.Gen + 1
 	out := slices.Clone(exclude)
+	var refused []uint64 // newcomers (by Meta.Gen) that did not answer this re-form
 	for {
 		alive := n.SurvivorsExcept(ctx, prev, exclude)
 		if alive[0] != n.cfg.NodeName {
@@ -139,20 +140,33 @@ func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string, maxWo
 				chosen = append(chosen, live[name])
 			}
 		}
+		// Newcomers are told apart from the survivors by process (Meta.Gen), not by name:
+		// a lost member restarted under its name is one, though its name is in out.
+		survivors := len(chosen)
 		for _, m := range n.Newcomers(prev) {
 			if len(chosen) >= maxWorld {
 				break
 			}
-			if !slices.Contains(out, m.Name) && !slices.ContainsFunc(chosen, func(c Member) bool { return c.Name == m.Name }) {
+			if !slices.Contains(refused, m.Meta.Gen) && !slices.ContainsFunc(chosen, func(c Member) bool { return c.Name == m.Name }) {
 				chosen = append(chosen, m)
 			}
 		}
 		left := false
 		r, err := n.pushRosterWith(ctx, prev.Job, gen, chosen, prev.Config, pushOptions{
 			callTimeout: reformCallTimeout,
+			newcomers:   len(chosen) - survivors,
 			excluded: func(names []string) {
 				n.log.Warn("re-form leaves out members that are gone or do not answer", zap.String("job", prev.Job), zap.Uint64("gen", gen), zap.Strings("members", names))
-				out, left = append(out, names...), true
+				for i, m := range chosen {
+					switch {
+					case !slices.Contains(names, m.Name):
+					case i >= survivors:
+						refused = append(refused, m.Meta.Gen)
+					default:
+						out = append(out, m.Name)
+					}
+				}
+				left = true
 			},
 		})
 		if err == nil {

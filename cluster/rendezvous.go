@@ -168,6 +168,10 @@ type pushOptions struct {
 	// excluded, when set, receives the names that phase 1 found unreachable or that a
 	// member's ack reported as suspects; the roster is then not committed.
 	excluded func(names []string)
+	// newcomers is how many of the last members are newcomers (a re-form admitting them):
+	// suspicions name the old members' processes, so they never exclude a newcomer, which
+	// may be a restarted process under a lost member's name.
+	newcomers int
 }
 
 // errExcluded: a re-form attempt found members to leave out and did not commit.
@@ -232,7 +236,8 @@ func (n *Node) pushRosterWith(ctx context.Context, job string, gen uint64, chose
 	if po.excluded != nil {
 		var out []string
 		for rank, m := range chosen {
-			if _, bad := failed[rank]; bad || (rank > 0 && slices.Contains(suspects, m.Name)) {
+			suspectable := rank > 0 && rank < len(chosen)-po.newcomers
+			if _, bad := failed[rank]; bad || (suspectable && slices.Contains(suspects, m.Name)) {
 				out = append(out, m.Name)
 			}
 		}

@@ -57,7 +57,9 @@ func (c *clusterMembership) Reform(ctx context.Context, cause error, min, max in
 	var r *cluster.Roster
 	for r == nil {
 		alive := m.node.SurvivorsExcept(rdv, prev, gone)
-		if len(alive) < min {
+		// Below min_nodes the group waits for members: survivors, or newcomers (a restarted
+		// worker) that the coordinator admits with them.
+		if len(alive)+len(m.node.Newcomers(prev)) < min {
 			if !time.Now().Before(deadline) {
 				return Generation{}, fmt.Errorf("%d of %d members remain, fewer than elastic.min_nodes %d, after waiting %v (elastic.rejoin_timeout): %w",
 					len(alive), prev.World, min, wait, cause)
