@@ -2,7 +2,10 @@
 //
 //   - Run starts local worker processes, relays their output with the rank in front, stops
 //     them all when one fails or the caller's context ends, and reports the first cause of a
-//     failure (a rank that hung, was stopped or died), not merely the first exit;
+//     failure (a rank that hung, was stopped or died), not merely the first exit; RunElastic
+//     lets an elastic job's survivors go on without a failed worker (Elastic.MinAlive) or
+//     starts it again as a worker that joins the running job through a live one
+//     (Elastic.MaxRestarts, torchrun's --max-restarts);
 //   - Nodes places a multi-machine launch the way torchrun's static rendezvous does
 //     (--nnodes, --node-rank, --master-addr, --master-port), and Prepare gives the workers
 //     their environment (a fresh cluster key, their share of the cores); Train and Bench

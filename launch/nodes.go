@@ -133,41 +133,93 @@ type Train struct {
 	// MinNodes > 0 makes the job elastic: the coordinator gets --nodes MinNodes:world, and
 	// RunElastic lets the survivors of a failed worker go on.
 	MinNodes int
+	// MaxRestarts (--max-restarts, with MinNodes > 0) restarts failed workers as workers
+	// that join the running job (Elastic); call PinBinds first, so that every worker's gossip
+	// address is known to join through.
+	MaxRestarts int
+	// Binds are the local workers' gossip addresses by local index, set by PinBinds; empty,
+	// Place.Addrs (every worker but the coordinator picks a free port itself).
+	Binds []string
+}
+
+// PinBinds picks a free port on Place.Host for each local worker that would pick its own
+// (every one but the coordinator), so the launcher knows every worker's gossip address: a
+// restart joins the job through a live worker, and binds the address of the one it replaces.
+func (t *Train) PinBinds() error {
+	t.Binds = make([]string, t.NProc)
+	taken := map[string]bool{}
+	for i := range t.Binds {
+		bind, _ := t.Place.Addrs(t.Nodes.NodeRank*t.NProc + i)
+		for try := 0; strings.HasSuffix(bind, ":0") || taken[bind]; try++ {
+			if try == 64 {
+				return fmt.Errorf("finding %d free ports on %s: %s is taken", t.NProc, t.Place.Host, bind)
+			}
+			port, err := FreePort(t.Place.Host)
+			if err != nil {
+				return err
+			}
+			bind = net.JoinHostPort(t.Place.Host, strconv.Itoa(port))
+		}
+		t.Binds[i], taken[bind] = bind, true
+	}
+	return nil
+}
+
+// Elastic is RunElastic's policy for this launch: MinNodes, MaxRestarts, and Rejoin. With
+// --nnodes > 1 a restart joins through a worker on this machine only, so a machine whose
+// workers have all left the job restarts none.
+func (t Train) Elastic() Elastic {
+	return Elastic{MinAlive: t.MinNodes, MaxRestarts: t.MaxRestarts, Rejoin: t.Rejoin, AllLocal: t.Nodes.NNodes == 1}
 }
 
 // Workers builds the commands of this node's workers.
 func (t Train) Workers() []*Worker {
 	world := t.Nodes.NNodes * t.NProc
 	width := max(3, len(strconv.Itoa(world-1)))
-	var dataArgs []string // what a worker on another node takes from the train flags
-	if d, ok := FlagValue(t.Args, "data"); ok {
-		dataArgs = []string{"--data", d}
-	}
 	workers := make([]*Worker, t.NProc)
 	for i := range workers {
 		rank := t.Nodes.NodeRank*t.NProc + i
 		name := fmt.Sprintf("launch-%0*d", width, rank)
 		var a []string
 		bind, grpcBind := t.Place.Addrs(rank)
+		if i < len(t.Binds) && t.Binds[i] != "" {
+			bind = t.Binds[i]
+		}
 		if rank == 0 {
 			a = append([]string{"train"}, t.Args...)
 			nodes := strconv.Itoa(world)
 			if t.MinNodes > 0 {
 				nodes = strconv.Itoa(t.MinNodes) + ":" + nodes
 			}
-			a = append(a, "--nodes", nodes, "--bind", bind, "--node-name", name)
+			a = append(a, "--nodes", nodes, "--bind", bind, "--node-name", name, "--grpc-bind", grpcBind)
+			a = append(a, t.Common...)
 		} else {
-			a = []string{"join", t.Place.Coord, "--bind", bind, "--node-name", name}
-			if t.Nodes.NNodes > 1 {
-				a = append(a, dataArgs...)
-			}
+			a = t.joinArgs(t.Place.Coord, bind, name, grpcBind)
 		}
-		a = append(a, "--grpc-bind", grpcBind)
-		a = append(a, t.Common...)
-		workers[i] = &Worker{Rank: rank, Cmd: exec.Command(t.Exe, a...)}
+		workers[i] = &Worker{Rank: rank, Name: name, Bind: bind, Cmd: exec.Command(t.Exe, a...)}
 		workers[i].Cmd.Env = append(append([]string(nil), t.Env...), LocalRankEnv+"="+strconv.Itoa(i), LaunchedEnv+"=1")
 	}
 	return workers
+}
+
+// Rejoin is the command that restarts w (Elastic.Rejoin): `qvd join peer` with w's node
+// name, gossip address and environment, whatever w ran before — the coordinator too, whose
+// job goes on without it.
+func (t Train) Rejoin(w *Worker, peer string) *exec.Cmd {
+	_, grpcBind := t.Place.Addrs(w.Rank)
+	cmd := exec.Command(t.Exe, t.joinArgs(peer, w.Bind, w.Name, grpcBind)...)
+	cmd.Env = append([]string(nil), w.Cmd.Env...)
+	return cmd
+}
+
+// joinArgs are the arguments of a worker that joins the job through peer.
+func (t Train) joinArgs(peer, bind, name, grpcBind string) []string {
+	a := []string{"join", peer, "--bind", bind, "--node-name", name}
+	if d, ok := FlagValue(t.Args, "data"); ok && t.Nodes.NNodes > 1 {
+		a = append(a, "--data", d) // what a worker on another node takes from the train flags
+	}
+	a = append(a, "--grpc-bind", grpcBind)
+	return append(a, t.Common...)
 }
 
 // FlagValue is the value of the flag name in args ("--name V", "--name=V", one dash or two).

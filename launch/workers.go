@@ -42,15 +42,22 @@ var (
 type Worker struct {
 	Rank int
 	Cmd  *exec.Cmd
+	// Name and Bind are the worker's node name and gossip address; a restart (Elastic.Rejoin)
+	// takes both over. A Bind with port 0 (the worker picks a free port) cannot be joined
+	// through.
+	Name, Bind string
 
-	mu   sync.Mutex
-	last []string // the worker's last stderr lines, for the failure report
-	err  string   // the worker's last error line ("qvd: ...", "qvd join: ..."), for the blame
+	mu    sync.Mutex
+	last  []string // the worker's last stderr lines, for the failure report
+	err   string   // the worker's last error line ("qvd: ...", "qvd join: ..."), for the blame
+	inJob bool     // a worker of the launch, or a restart that has written joinedMarker
 
 	// Set by Run's loop only.
 	exit     workerExit
 	atFail   procState // the process's state when the first worker failed
 	killedBy bool      // the launcher SIGKILLed it (it ignored SIGTERM)
+	restart  int       // 0 for a worker of the launch, i for the i-th restart of the launch
+	replaced bool      // it failed and a restart took its place
 }
 
 // workerExit is how a worker process ended.
@@ -58,6 +65,27 @@ type workerExit struct {
 	done   bool
 	err    error          // cmd.Wait's error: nil, or "exit status N", or "signal: killed"
 	signal syscall.Signal // the signal that killed it, or 0
+}
+
+// joinedMarker is what a worker logs (job.go, at info level, the default of `qvd join`) each
+// time it is in a group of the job: a restart that wrote it was admitted.
+const joinedMarker = "joined the job"
+
+// observe notes a line of the worker's stdout or stderr.
+func (w *Worker) observe(line string) {
+	if strings.Contains(line, joinedMarker) {
+		w.mu.Lock()
+		w.inJob = true
+		w.mu.Unlock()
+	}
+}
+
+// admitted reports whether w is a worker of the job: one the launch started, or a restart
+// that was admitted.
+func (w *Worker) admitted() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.inJob
 }
 
 func (w *Worker) remember(line string) {
@@ -81,16 +109,68 @@ func (w *Worker) remember(line string) {
 // ErrInterrupted when ctx stopped them, and ErrFailed otherwise; the cause is already
 // reported.
 func Run(ctx context.Context, workers []*Worker, stdout, stderr io.Writer) error {
-	return RunElastic(ctx, workers, 0, stdout, stderr)
+	return RunElastic(ctx, workers, Elastic{}, stdout, stderr)
 }
 
-// RunElastic is Run for an elastic job (elastic.min_nodes minAlive > 0): a worker that fails
-// while at least minAlive others still run is reported and left out — the survivors re-form
-// and keep training — instead of stopping the others. It returns nil when the workers still
-// running at the end all exited 0; a failure that leaves fewer than minAlive running stops
-// the rest as Run does.
-func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, stderr io.Writer) error {
+// MaxRestartsLimit bounds Elastic.MaxRestarts: enough for any soak, small enough that a
+// worker failing at start (a bad flag) cannot keep a launcher busy for long.
+const MaxRestartsLimit = 10000
+
+// Elastic is how RunElastic treats a worker that fails while the job runs. The zero value is
+// Run's: any failure stops the job.
+type Elastic struct {
+	// MinAlive > 0 (elastic.min_nodes, --min-nodes): a worker that fails while at least
+	// MinAlive others still run is left out; the survivors re-form and keep training.
+	MinAlive int
+	// MaxRestarts (torchrun's --max-restarts) is how many times in all, over the launch, a
+	// worker that fails while the job runs is started again, by Rejoin, as a worker that joins
+	// the running job through a live one. Once they are used up, MinAlive decides.
+	MaxRestarts int
+	// Rejoin builds the command of w's replacement: a `qvd join peer` under w's node name,
+	// gossip address and environment; peer is the gossip address of a local worker that is
+	// alive and in the job (one the launch started, or a restart that logged joinedMarker).
+	// Required with MaxRestarts > 0 (Train.Rejoin).
+	Rejoin func(w *Worker, peer string) *exec.Cmd
+	// AllLocal: every worker of the job is one of these (one machine). Then a failure that
+	// leaves no worker in the job means the job is lost, and RunElastic stops the restarts
+	// that wait to join it rather than let them wait out the rendezvous timeout.
+	AllLocal bool
+}
+
+// Validate checks e; the errors name launch's flags.
+func (e Elastic) Validate() error {
+	switch {
+	case e.MinAlive < 0:
+		return fmt.Errorf("--min-nodes must be ≥ 0, got %d", e.MinAlive)
+	case e.MaxRestarts < 0 || e.MaxRestarts > MaxRestartsLimit:
+		return fmt.Errorf("--max-restarts must be in [0, %d], got %d", MaxRestartsLimit, e.MaxRestarts)
+	case e.MaxRestarts > 0 && e.MinAlive == 0:
+		return fmt.Errorf("--max-restarts %d needs --min-nodes > 0: a restarted worker joins the running job, which only an elastic job admits", e.MaxRestarts)
+	case e.MaxRestarts > 0 && e.Rejoin == nil:
+		return errors.New("launch: Elastic.MaxRestarts > 0 without a Rejoin command")
+	}
+	return nil
+}
+
+// RunElastic is Run for an elastic job (el.MinAlive > 0): a worker that fails while the job
+// runs is restarted as a worker that joins it (while el.MaxRestarts lasts and a local worker
+// is alive to join through), or else, while at least el.MinAlive others still run, reported
+// and left out — the survivors re-form and keep training — instead of stopping the others.
+// Nothing is restarted once ctx has ended or a worker has exited 0 (the job is done; the
+// others finish). It returns nil when the workers still running at the end all exited 0;
+// a failure that leaves fewer than el.MinAlive running, with no restart, stops the rest as
+// Run does.
+func RunElastic(ctx context.Context, workers []*Worker, el Elastic, stdout, stderr io.Writer) error {
+	if err := el.Validate(); err != nil {
+		return err
+	}
+	minAlive := el.MinAlive
 	var outMu sync.Mutex
+	say := func(format string, a ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(stderr, "qvd launch: "+format+"\n", a...)
+	}
 	relay := func(w *Worker, r io.Reader, dst io.Writer, keep bool, done ...*sync.WaitGroup) {
 		defer func() {
 			for _, d := range done {
@@ -104,6 +184,7 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
+			w.observe(line)
 			if keep {
 				w.remember(line)
 			}
@@ -116,21 +197,18 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		w   *Worker
 		err error
 	}
-	exits := make(chan exit, len(workers))
+	// A restart adds a process, so the channel holds every exit the launch can have.
+	exits := make(chan exit, len(workers)+el.MaxRestarts)
 	var relays sync.WaitGroup
-	started := 0
-	for _, w := range workers {
+	start := func(w *Worker) error {
 		so, err1 := w.Cmd.StdoutPipe()
 		se, err2 := w.Cmd.StderrPipe()
 		if err := errors.Join(err1, err2); err != nil {
-			fmt.Fprintf(stderr, "qvd launch: %v\n", err)
-			break
+			return err
 		}
 		if err := w.Cmd.Start(); err != nil {
-			fmt.Fprintf(stderr, "qvd launch: starting rank %d: %v\n", w.Rank, err)
-			break
+			return fmt.Errorf("starting rank %d: %w", w.Rank, err)
 		}
-		started++
 		// Wait closes the pipes once the process exits, so it may only be called after both
 		// relays have read to EOF; otherwise a failing worker's last words can be lost.
 		var own sync.WaitGroup
@@ -138,15 +216,31 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		relays.Add(2)
 		go relay(w, so, stdout, false, &relays, &own)
 		go relay(w, se, stderr, true, &relays, &own)
-		go func(w *Worker) {
+		go func() {
 			own.Wait()
 			err := w.Cmd.Wait()
 			exits <- exit{w, err}
-		}(w)
+		}()
+		return nil
+	}
+	// all holds every process of the launch, restarts included, in the order they started.
+	all := append([]*Worker(nil), workers...)
+	for _, w := range workers {
+		w.inJob = true // they form the job
+	}
+	started := 0
+	for _, w := range workers {
+		if err := start(w); err != nil {
+			say("%v", err)
+			break
+		}
+		started++
 	}
 	signalAll := func(sig syscall.Signal) {
-		for _, w := range workers {
-			if w.Cmd.Process != nil && w.Cmd.ProcessState == nil {
+		for _, w := range all {
+			// exit.done, set by this loop, not ProcessState, which Wait sets in its goroutine:
+			// signalling a process Wait has just reaped is harmless (Signal says it is done).
+			if w.Cmd.Process != nil && !w.exit.done {
 				_ = w.Cmd.Process.Signal(sig)
 				if sig == syscall.SIGKILL {
 					w.killedBy = true
@@ -157,10 +251,32 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 			}
 		}
 	}
+	// inJob lists the local workers other than w that are in the job and alive (not stopped).
+	inJob := func(w *Worker, leftOut map[*Worker]bool) []*Worker {
+		var in []*Worker
+		for _, p := range all {
+			if p != w && !p.exit.done && !leftOut[p] && p.Cmd.Process != nil && p.admitted() && readProcState(p.Cmd.Process.Pid) == procRunning {
+				in = append(in, p)
+			}
+		}
+		return in
+	}
+	// peer is the worker a restart of w joins the job through: the first started of those in
+	// the job whose gossip address is known.
+	peer := func(w *Worker, leftOut map[*Worker]bool) *Worker {
+		for _, p := range inJob(w, leftOut) {
+			if p.Bind != "" && !strings.HasSuffix(p.Bind, ":0") {
+				return p
+			}
+		}
+		return nil
+	}
 	var result error
 	var failed *exit
-	lost := 0 // workers an elastic job went on without
+	lost := 0     // workers an elastic job went on without
+	restarts := 0 // restarts so far (el.MaxRestarts at most)
 	stopping := false
+	jobDone := false // a worker exited 0: the job is done
 	var kill <-chan time.Time
 	// finished: an elastic job's worker exited 0, so the job is done; a worker that is
 	// stopped once finishedGrace has passed was left out of it and is killed (leftOut).
@@ -176,6 +292,9 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		case e := <-exits:
 			remaining--
 			e.w.exit = exitOf(e.w.Cmd, e.err)
+			if e.err == nil {
+				jobDone = true
+			}
 			if minAlive > 0 && e.err == nil && !stopping && finished == nil {
 				finished = time.After(finishedGrace)
 			}
@@ -183,10 +302,35 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 				lost++ // left out of the job, then stopped by us
 				continue
 			}
-			if e.err != nil && !stopping && minAlive > 0 && remaining >= minAlive {
-				outMu.Lock()
-				fmt.Fprintf(stderr, "qvd launch: rank %d exited (%v); the job continues with %d workers (elastic.min_nodes %d)\n", e.w.Rank, e.err, remaining, minAlive)
-				outMu.Unlock()
+			if e.err != nil && !stopping && !jobDone && restarts < el.MaxRestarts {
+				if p := peer(e.w, leftOut); p != nil {
+					restarts++
+					nw := &Worker{Rank: e.w.Rank, Name: e.w.Name, Bind: e.w.Bind, restart: restarts, Cmd: el.Rejoin(e.w, p.Bind)}
+					say("restarting rank %d (restart %d of %d): %s; it joins through rank %d at %s", e.w.Rank, restarts, el.MaxRestarts, e.w.why(), p.Rank, p.Bind)
+					err := start(nw)
+					if err == nil {
+						e.w.replaced = true
+						all = append(all, nw)
+						remaining++
+						continue
+					}
+					say("restarting rank %d: %v", e.w.Rank, err)
+				}
+			}
+			// With every worker of the job here, none of them left in it means it is lost: the
+			// restarts still waiting would wait for a roster until the rendezvous timeout.
+			lostJob := e.err != nil && !stopping && !jobDone && el.MaxRestarts > 0 && el.AllLocal && len(inJob(e.w, leftOut)) == 0
+			if lostJob {
+				say("the job is lost: rank %d exited (%s) and no worker left is in it (%d others run, waiting to be admitted)", e.w.Rank, e.w.why(), remaining)
+			}
+			if e.err != nil && !stopping && jobDone && e.w.restart > 0 {
+				// Started while the job ran, it found it done before it was admitted.
+				say("rank %d's restart exited (%v) after the job finished without it", e.w.Rank, e.err)
+				lost++
+				continue
+			}
+			if e.err != nil && !stopping && minAlive > 0 && remaining >= minAlive && !lostJob {
+				say("rank %d exited (%v); the job continues with %d workers (elastic.min_nodes %d)", e.w.Rank, e.err, remaining, minAlive)
 				lost++
 				continue
 			}
@@ -194,7 +338,7 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 				failed = &e
 				// What the others were doing when this one failed: the rank its error
 				// blames may be stopped or hung rather than dead.
-				for _, w := range workers {
+				for _, w := range all {
 					w.atFail = procExited
 					if !w.exit.done && w.Cmd.Process != nil {
 						w.atFail = readProcState(w.Cmd.Process.Pid)
@@ -211,9 +355,7 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		case <-ctx.Done():
 			if !stopping {
 				stopping = true
-				outMu.Lock()
-				fmt.Fprintln(stderr, "qvd launch: stopping the workers (they save a checkpoint first)")
-				outMu.Unlock()
+				say("stopping the workers (they save a checkpoint first)")
 				signalAll(syscall.SIGTERM)
 				kill = time.After(Grace)
 				result = ErrInterrupted
@@ -224,11 +366,9 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 			kill = nil
 		case <-finished:
 			finished = time.After(finishedGrace)
-			for _, w := range workers {
+			for _, w := range all {
 				if !stopping && !leftOut[w] && w.Cmd.Process != nil && !w.exit.done && readProcState(w.Cmd.Process.Pid) == procStopped {
-					outMu.Lock()
-					fmt.Fprintf(stderr, "qvd launch: the job finished without rank %d, which is stopped: killing it\n", w.Rank)
-					outMu.Unlock()
+					say("the job finished without rank %d, which is stopped: killing it", w.Rank)
 					leftOut[w] = true
 					_ = w.Cmd.Process.Signal(syscall.SIGKILL) // not in the job: nothing of it to save
 				}
@@ -236,16 +376,42 @@ func RunElastic(ctx context.Context, workers []*Worker, minAlive int, stdout, st
 		}
 	}
 	relays.Wait()
-	if peaks := peakRSS(workers); peaks != "" {
+	if peaks := peakRSS(all); peaks != "" {
 		fmt.Fprintf(stderr, "qvd launch: peak RSS (the kernel's high-water mark of each worker process): %s\n", peaks)
 	}
 	if failed != nil {
-		fmt.Fprint(stderr, failureReport(failed.w, workers))
+		// The report is about the processes of the job's last moments: a process that a
+		// restart replaced failed earlier, and the restart told why.
+		var current []*Worker
+		for _, w := range all {
+			if !w.replaced {
+				current = append(current, w)
+			}
+		}
+		fmt.Fprint(stderr, failureReport(failed.w, current))
+	}
+	if restarts > 0 {
+		fmt.Fprintf(stderr, "qvd launch: restarted workers %d times (--max-restarts %d)\n", restarts, el.MaxRestarts)
 	}
 	if lost > 0 && result == nil {
 		fmt.Fprintf(stderr, "qvd launch: the job finished without %d of its %d workers (elastic)\n", lost, len(workers))
 	}
 	return result
+}
+
+// why says how w's process ended, for the restart notice: "killed by SIGKILL", or the exit
+// status and the worker's own last error line.
+func (w *Worker) why() string {
+	if w.exit.signal != 0 {
+		return "killed by " + SignalName(w.exit.signal)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := fmt.Sprint(w.exit.err)
+	if w.err != "" {
+		s += ": " + w.err
+	}
+	return s
 }
 
 // procState is a worker process's state as /proc shows it.
@@ -414,7 +580,11 @@ func peakRSS(workers []*Worker) string {
 			continue
 		}
 		if ru, ok := w.Cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && ru.Maxrss > 0 {
-			parts = append(parts, fmt.Sprintf("rank %d %s", w.Rank, memstat.FormatBytes(uint64(ru.Maxrss)<<10)))
+			name := fmt.Sprintf("rank %d", w.Rank)
+			if w.restart > 0 {
+				name += fmt.Sprintf(" (restart %d)", w.restart)
+			}
+			parts = append(parts, name+" "+memstat.FormatBytes(uint64(ru.Maxrss)<<10))
 		}
 	}
 	return strings.Join(parts, ", ")

@@ -26,11 +26,17 @@ import (
 // routes to MASTER_ADDR (or --host) at free ports. Node names launch-<global rank> make the
 // ranks come out in that order. The launchers must share a cluster key (the key env or
 // --cluster-key-file); the train flags count on node 0 only (others take --data alone).
+//
+// --min-nodes M makes the job elastic (the survivors of a failed worker go on while M live);
+// --max-restarts K also starts a failed local worker again, up to K times per launch, as a
+// `qvd join` through a live local worker under the same name and address, which the running
+// job admits at a step boundary.
 func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("launch")
 	nproc := fs.Int("nproc", 2, "number of local workers")
 	keyFile := fs.String("cluster-key-file", "", "cluster key file (default: a fresh random key for this launch)")
 	minNodes := fs.Int("min-nodes", 0, "elastic training: the job keeps training while at least this many workers live (0: a failed worker stops the job)")
+	maxRestarts := fs.Int("max-restarts", 0, "with --min-nodes: restart a local worker that fails while the job runs, as a worker that joins the job, up to this many times in all (torchrun's --max-restarts)")
 	var nf nodeFlags
 	nf.register(fs)
 	var tf tlsFlags
@@ -58,10 +64,20 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "qvd launch: --min-nodes must be in [0, %d] (the job's workers), got %d\n", *nproc*nf.NNodes, *minNodes)
 		return exitUsage
 	}
-	t := launch.Train{Exe: exe, NProc: *nproc, Args: rest, MinNodes: *minNodes}
+	t := launch.Train{Exe: exe, NProc: *nproc, Args: rest, MinNodes: *minNodes, MaxRestarts: *maxRestarts}
+	if err := t.Elastic().Validate(); err != nil {
+		fmt.Fprintf(stderr, "qvd launch: %v\n", err)
+		return exitUsage
+	}
 	var code int
 	if t.Env, t.Place, code = nf.prepare(ctx, fs, "qvd launch", *keyFile, *nproc, stderr); code != exitOK {
 		return code
+	}
+	if t.MaxRestarts > 0 {
+		if err := t.PinBinds(); err != nil {
+			fmt.Fprintf(stderr, "qvd launch: %v\n", err)
+			return exitFailure
+		}
 	}
 	if *keyFile != "" {
 		t.Common = append(t.Common, "--cluster-key-file", *keyFile)
@@ -69,7 +85,7 @@ func cmdLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	// Every local worker uses the same certificate (one host); QVD_TLS_* pass through the
 	// environment.
 	t.Common, t.Nodes = append(t.Common, tf.args()...), nf.Nodes
-	code = launchExit(launch.RunElastic(ctx, t.Workers(), *minNodes, stdout, stderr))
+	code = launchExit(launch.RunElastic(ctx, t.Workers(), t.Elastic(), stdout, stderr))
 	if code == exitInterrupted {
 		fmt.Fprintf(stdout, "resume with: %s\n", launch.ResumeCommand(progName()+" launch", args))
 	}

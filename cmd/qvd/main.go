@@ -50,7 +50,7 @@ Usage:
                                   join a cluster through any member and train the job it runs
   qvd launch --nproc N [train flags]
                                   run an N-process job on this machine
-  qvd status PEER                 list a cluster's members
+  qvd status PEER|RUN_DIR         list a cluster's members, or a run's re-forms
   qvd bench COLLECTIVE --nproc N  measure allreduce|reducescatter|allgather|broadcast (algbw/busbw, #wrong, as nccl-tests)
   qvd gpus [--json] [--require]   list the GPUs NVML sees: memory, utilisation, driver, CUDA
   qvd keygen                      print a new cluster key

@@ -15,7 +15,8 @@ import (
 	"github.com/qvd/qvd/job"
 )
 
-// cmdStatus joins the cluster through PEER as an observer and prints its members.
+// cmdStatus joins the cluster through PEER as an observer and prints its members, or, given a
+// run directory, prints the job's generation, world and re-forms from its metrics.
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status")
 	keyFile := fs.String("cluster-key-file", "", "file holding the cluster key (default: $"+job.ClusterKeyEnv+")")
@@ -26,6 +27,18 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	peer, code, ok := parseOneArg(fs, args, stdout, stderr)
 	if !ok {
 		return code
+	}
+	// A run directory (or its metrics.jsonl): the job's generation, world and re-forms.
+	if path, isRun := job.RunStatusPath(peer); isRun {
+		s, err := job.ReadRunStatus(path)
+		if err == nil {
+			err = job.FormatRunStatus(stdout, s, time.Local)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "qvd status: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
 	}
 	// The observer talks gossip only, but a cluster with TLS refuses members that do not
 	// show its CA (see cluster.ErrTLSMismatch), so it needs the same --tls-* files.
