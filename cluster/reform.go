@@ -198,13 +198,15 @@ func (n *Node) Reform(ctx context.Context, prev *Roster, exclude []string, maxWo
 
 // Newcomers returns the live members that may join prev's job at its next generation, in
 // name order: workers (never observers or coordinators) of a compatible version with a gRPC
-// address, that belong to no job or to this one, and that are not members of prev as the
-// same process — a member restarted under its old name is a newcomer.
+// address, that belong to no job or to this one, hold no rank, and are not members of prev as
+// the same process — a member restarted under its old name is a newcomer. A process that
+// holds a rank is in a generation or was left out of one (killed, but not yet declared dead
+// by gossip; or stopped, which exits when it resumes), never a newcomer.
 func (n *Node) Newcomers(prev *Roster) []Member {
 	local := n.LocalMeta()
 	var out []Member
 	for _, m := range n.Members() {
-		if m.Name == n.cfg.NodeName || m.State != StateAlive || m.Meta.Role != RoleWorker || m.Meta.GRPC == "" ||
+		if m.Name == n.cfg.NodeName || m.State != StateAlive || m.Meta.Role != RoleWorker || m.Meta.GRPC == "" || m.Meta.Rank >= 0 ||
 			(m.Meta.Job != "" && m.Meta.Job != prev.Job) || !Compatible(m.Meta.Version, local.Version) {
 			continue
 		}
