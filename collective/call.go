@@ -19,6 +19,7 @@ type call struct {
 	red    Op
 	tag    uint64
 	buf    elems  // the caller's buffer; buf.dt is what goes on the wire
+	src    elems  // what the sender reads: buf itself, or a shift's send buffer
 	shards Shards // the call's partition (the caller's, or evenShards)
 	root   int
 	ctx    context.Context // ends when the call does: cancels a Send in flight
@@ -72,9 +73,9 @@ func newCall(r *Ring) *call {
 }
 
 // start sets c up for one call (under r.mu).
-func (c *call) start(ctx context.Context, op uint8, tag uint64, buf elems, shards Shards, red Op, root int) {
+func (c *call) start(ctx context.Context, op uint8, tag uint64, buf, src elems, shards Shards, red Op, root int) {
 	r := c.r
-	c.op, c.tag, c.buf, c.red, c.root = op, tag, buf, red, root
+	c.op, c.tag, c.buf, c.src, c.red, c.root = op, tag, buf, src, red, root
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	n := buf.len()
 	if op == OpAllReduce || op == OpBarrier {
@@ -82,7 +83,11 @@ func (c *call) start(ctx context.Context, op uint8, tag uint64, buf elems, shard
 	}
 	c.shards = shards
 	chunk := r.cfg.ChunkBytes / buf.dt.Bytes()
-	c.sched.plan(op, r.rank, r.size, shards, n, root, chunk)
+	if op == OpShift {
+		c.sched.planShift(src.len(), n, chunk)
+	} else {
+		c.sched.plan(op, r.rank, r.size, shards, n, root, chunk)
+	}
 	c.total = spanFrames(c.sched.send, chunk)
 }
 
@@ -92,7 +97,7 @@ func (c *call) reset() {
 		c.cancel()
 	}
 	c.timer.Stop()
-	c.buf, c.shards, c.ctx, c.cancel = elems{}, nil, nil, nil
+	c.buf, c.src, c.shards, c.ctx, c.cancel = elems{}, elems{}, nil, nil, nil
 	c.held, c.hasHeld, c.aborted, c.heard = frame{}, false, false, false
 	c.sstep, c.spiece = 0, 0
 	c.ready, c.sent, c.total, c.routed = 0, 0, 0, 0

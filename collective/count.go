@@ -13,9 +13,9 @@ type WireCounts struct {
 	sent, recv [numOpCodes]atomic.Uint64
 }
 
-// numOpCodes covers the frame op codes OpAllReduce..OpBarrier; index 0 collects frames with
+// numOpCodes covers the frame op codes OpAllReduce..OpShift; index 0 collects frames with
 // any other code (none are sent today).
-const numOpCodes = int(OpBarrier) + 1
+const numOpCodes = int(OpShift) + 1
 
 // OpName names a frame op code for metrics ("all_reduce", ...); "other" for an unknown code.
 func OpName(op uint8) string {
@@ -30,6 +30,8 @@ func OpName(op uint8) string {
 		return "broadcast"
 	case OpBarrier:
 		return "barrier"
+	case OpShift:
+		return "shift"
 	}
 	return "other"
 }

@@ -387,16 +387,16 @@ func (r *Ring) sendPiece(c *call) error {
 	sp := c.sched.send[c.sstep]
 	lo, hi := pieceBounds(sp, c.spiece, c.sched.chunk)
 	var words []uint16
-	if !c.buf.direct() {
+	if !c.src.direct() {
 		if r.words == nil {
 			r.words = make([]uint16, r.cfg.ChunkBytes/2)
 			r.sendBytes.Store(int64(2 * len(r.words)))
 		}
 		words = r.words
 	}
-	payload := c.buf.slice(lo, hi).payload(words)
+	payload := c.src.slice(lo, hi).payload(words)
 	h := Header{
-		Kind: KindData, DType: c.buf.dt, Op: c.op, Src: uint16(r.rank), Tag: c.tag,
+		Kind: KindData, DType: c.src.dt, Op: c.op, Src: uint16(r.rank), Tag: c.tag,
 		Step: sp.step, Piece: uint32(c.spiece), Offset: uint64(lo), Count: uint32(hi - lo),
 		Length: uint32(len(payload)),
 	}

@@ -24,6 +24,8 @@ const (
 	OpAllGather
 	OpBroadcast
 	OpBarrier
+	// OpShift is Ring.Shift: each rank sends one buffer to its successor (shift.go).
+	OpShift
 )
 
 // Frame header layout, little-endian, HeaderSize bytes:
@@ -32,7 +34,7 @@ const (
 //	2  version uint8   FrameVersion
 //	3  kind    uint8   KindData, KindAbort, KindHello
 //	4  dtype   uint8   DType of the payload elements (half.Format's codes for floats)
-//	5  op      uint8   OpAllReduce ... OpBarrier
+//	5  op      uint8   OpAllReduce ... OpShift
 //	6  src     uint16  sender's rank
 //	8  tag     uint64  call tag
 //	16 step    uint32  algorithm step (ring step; all-gather steps follow reduce-scatter's)
@@ -111,7 +113,7 @@ func ParseHeader(b []byte) (Header, error) {
 		if h.DType.Bytes() == 0 {
 			return Header{}, fmt.Errorf("%w: unknown element type %d", ErrProtocol, uint8(h.DType))
 		}
-		if h.Op < OpAllReduce || h.Op > OpBarrier {
+		if h.Op < OpAllReduce || h.Op > OpShift {
 			return Header{}, fmt.Errorf("%w: unknown collective op %d", ErrProtocol, h.Op)
 		}
 		if uint64(h.Count)*uint64(h.DType.Bytes()) != uint64(h.Length) {

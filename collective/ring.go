@@ -319,6 +319,8 @@ func opName(op uint8) string {
 		return "broadcast"
 	case OpBarrier:
 		return "barrier"
+	case OpShift:
+		return "shift"
 	}
 	return fmt.Sprintf("op %d", op)
 }
@@ -354,7 +356,7 @@ func ValidateCall(op uint8, n, size int, shards Shards, red Op, root int, c Call
 		if root < 0 || root >= size {
 			return fmt.Errorf("broadcast root %d outside a group of %d", root, size)
 		}
-	case OpAllGather, OpBarrier:
+	case OpAllGather, OpBarrier, OpShift:
 	default:
 		return fmt.Errorf("unknown collective %d", op)
 	}
@@ -402,6 +404,11 @@ func typedName(dt DType, name string) string {
 // run is every collective: validate, take a tag, register, run the schedule, clean up.
 // For a barrier buf is empty (its type is fp32).
 func (r *Ring) run(ctx context.Context, op uint8, buf elems, shards Shards, red Op, root int, cl Call) error {
+	return r.runFrom(ctx, op, buf, buf, shards, red, root, cl)
+}
+
+// runFrom is run with the sender reading src: buf itself, except for a shift.
+func (r *Ring) runFrom(ctx context.Context, op uint8, buf, src elems, shards Shards, red Op, root int, cl Call) error {
 	verr := validateElems(op, buf, r.size, shards, red, root, cl)
 	if r.size == 1 && verr == nil {
 		// A group of one: nothing to exchange, and the data is left untouched (the average
@@ -436,7 +443,7 @@ func (r *Ring) run(ctx context.Context, op uint8, buf elems, shards Shards, red 
 		r.originateAbort(op, tag, r.rank, err)
 		return err
 	}
-	if r.shared != nil && op != OpBarrier && buf.dt.float() {
+	if r.shared != nil && op != OpBarrier && op != OpShift && buf.dt.float() {
 		if off, ok := r.shared.SharedOffset(buf.f); ok {
 			r.mu.Unlock()
 			r.putCall(c)
@@ -448,7 +455,7 @@ func (r *Ring) run(ctx context.Context, op uint8, buf elems, shards Shards, red 
 		r.putCall(c)
 		return fmt.Errorf("collective %s on rank %d: tag %d is already used by a running call", callName(op, tag), r.rank, tag)
 	}
-	c.start(ctx, op, tag, buf, shards, red, root)
+	c.start(ctx, op, tag, buf, src, shards, red, root)
 	r.mu.active[tag] = c
 	r.mu.calls = append(r.mu.calls, c)
 	// Hand over the frames that arrived before this call started, in arrival order.

@@ -140,6 +140,17 @@ func (s *schedule) plan(op uint8, rank, size int, shards Shards, n, root, chunk 
 	}
 }
 
+// planShift fills s for a shift (Ring.Shift): one step, in which a rank sends its nsend
+// elements to its successor and receives nrecv from its predecessor, each at offset 0 of its
+// own buffer, copied.
+func (s *schedule) planShift(nsend, nrecv, chunk int) {
+	s.send = append(s.send[:0], span{lo: 0, hi: nsend})
+	s.recv = append(s.recv[:0], span{lo: 0, hi: nrecv})
+	s.chunk = chunk
+	s.reduceSteps, s.finalStep, s.gateStep, s.gateFrames = 0, -1, -1, 0
+	s.initial = pieces(nsend, chunk)
+}
+
 // evenShardsInto is EvenShards written into dst (len size+1) so a call does not allocate.
 func evenShardsInto(dst Shards, n, size int) Shards {
 	dst = dst[:size+1]

@@ -14,8 +14,11 @@ const (
 	// FromMemory: every survivor holds the whole state (ZeRO stage 0, weights and optimizer
 	// moments replicated): the new group's rank 0 broadcasts its copy, nothing is read.
 	FromMemory Source = "memory"
-	// FromCheckpoint: a lost rank's optimizer shard is gone (stages 1-2): the group resumes
-	// from the newest complete checkpoint, resharded to the new world.
+	// FromSnapshot: stages 1-2, each lost rank's shard rebuilt from the copy its ring
+	// neighbour kept (elastic.snapshot_every), the whole state resharded in memory.
+	FromSnapshot Source = "snapshot"
+	// FromCheckpoint: a lost rank's optimizer shard is gone (stages 1-2, no neighbour's copy
+	// of it): the group resumes from the newest complete checkpoint, resharded to the new world.
 	FromCheckpoint Source = "checkpoint"
 )
 
@@ -47,6 +50,10 @@ type Loss struct {
 	// Whole: every survivor holds the whole state — ZeRO stage 0, or a re-form the group
 	// planned at a step boundary (admitting members), which gathered it first.
 	Whole bool
+	// Snapshots: the survivors rebuilt the whole state from the neighbours' shard copies,
+	// as of step SnapshotStep.
+	Snapshots    bool
+	SnapshotStep int64
 }
 
 // Plan is the decision.
@@ -75,8 +82,9 @@ var (
 // the last generation stop (ErrMinority): more than half of its members, or exactly half
 // including its rank 0, so at most one side of a partition trains on and writes checkpoints.
 // A world below min_nodes waits (the caller fails with the loss once rejoin_timeout passes);
-// otherwise it continues from memory where the survivors hold the whole state (Whole) and
-// from the newest checkpoint otherwise, with the accumulation Accum gives for the configured
+// otherwise it continues from memory where the survivors hold the whole state (Whole), from
+// the neighbours' shard copies where they rebuilt it (Snapshots), or from the newest
+// checkpoint where that is newer or there is nothing else, with the accumulation Accum gives for the configured
 // global batch.
 func Decide(cfg Config, l Loss) (Plan, error) {
 	surv := l.Survivors
@@ -92,11 +100,15 @@ func Decide(cfg Config, l Loss) (Plan, error) {
 	}
 	p := Plan{Action: Continue, Source: FromMemory, FromStep: l.Step}
 	if l.Stage > 0 && !l.Whole {
-		if l.Checkpoint < 0 {
-			return Plan{}, fmt.Errorf("%w: ZeRO stage %d shards the optimizer state and the lost rank's shard is gone; there is no complete checkpoint in checkpoint.dir to resume from (set checkpoint.every_steps, or use zero_optimization.stage 0, whose survivors hold the whole state)",
+		switch {
+		case l.Snapshots && l.SnapshotStep >= l.Checkpoint:
+			p.Source, p.FromStep, p.LostSteps = FromSnapshot, l.SnapshotStep, max(0, l.Step-l.SnapshotStep)
+		case l.Checkpoint >= 0:
+			p.Source, p.FromStep, p.LostSteps = FromCheckpoint, l.Checkpoint, max(0, l.Step-l.Checkpoint)
+		default:
+			return Plan{}, fmt.Errorf("%w: ZeRO stage %d shards the optimizer state and the lost rank's shard is gone, with no neighbour's copy of it (two neighbours lost together, or elastic.snapshot_every -1); there is no complete checkpoint in checkpoint.dir to resume from (set checkpoint.every_steps, or use zero_optimization.stage 0, whose survivors hold the whole state)",
 				ErrNoState, l.Stage)
 		}
-		p.Source, p.FromStep, p.LostSteps = FromCheckpoint, l.Checkpoint, max(0, l.Step-l.Checkpoint)
 	}
 	base := l.BaseWorld
 	if base == 0 {

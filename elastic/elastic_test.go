@@ -49,6 +49,12 @@ func TestDecide(t *testing.T) {
 		{name: "stage 2 admitting a member continues from the gathered state", cfg: on,
 			loss: Loss{OldWorld: 3, NewWorld: 4, Survivors: 3, Stage: 2, Step: 9, Checkpoint: 4, Micro: 2, Accum: 2, BaseWorld: 4, Whole: true},
 			want: Plan{Action: Continue, Source: FromMemory, FromStep: 9, Accum: 2}},
+		{name: "stage 2 rebuilds the lost shard from its neighbour's copy", cfg: on,
+			loss: Loss{OldWorld: 3, NewWorld: 2, Stage: 2, Step: 9, Checkpoint: 6, Micro: 2, Accum: 2, Snapshots: true, SnapshotStep: 8},
+			want: Plan{Action: Continue, Source: FromSnapshot, FromStep: 8, LostSteps: 1, Accum: 3}},
+		{name: "a newer checkpoint wins over older snapshots", cfg: on,
+			loss: Loss{OldWorld: 3, NewWorld: 2, Stage: 1, Step: 9, Checkpoint: 9, Micro: 2, Accum: 2, Snapshots: true, SnapshotStep: 8},
+			want: Plan{Action: Continue, Source: FromCheckpoint, FromStep: 9, Accum: 3}},
 		{name: "newcomers do not make a minority a quorum", cfg: on,
 			loss: Loss{OldWorld: 4, NewWorld: 4, Survivors: 1, Stage: 0, Step: 7, Checkpoint: -1, Micro: 2, Accum: 1, FormerRank0: true},
 			err:  ErrMinority, msg: "1 of its 4 members remain here"},
@@ -122,11 +128,24 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.MaxNodes = 2 }, "min_nodes: must be set"},
 		{func(c *Config) { c.MinNodes, c.MaxNodes, c.Settle = 1, 2, -time.Second }, "settle: must be in [0s, 1h]"},
 		{func(c *Config) { c.MinNodes, c.MaxNodes, c.RejoinTimeout = 1, 2, -time.Second }, "rejoin_timeout: must be in"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes, c.SnapshotEvery = 1, 2, -2 }, "snapshot_every: must be -1 (off), 0 (auto) or 1 to 100000 steps, got -2"},
+		{func(c *Config) { c.MinNodes, c.MaxNodes, c.SnapshotEvery = 1, 2, 100001 }, "snapshot_every: must be"},
 	} {
 		cfg := DefaultConfig()
 		c.cfg(&cfg)
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: err = %v, want %q", cfg, err, c.want)
+		}
+	}
+}
+
+func TestSnapshotSteps(t *testing.T) {
+	for _, c := range []struct {
+		every, want int
+		auto        bool
+	}{{0, 0, true}, {-1, 0, false}, {1, 1, false}, {7, 7, false}} {
+		if got, auto := (Config{SnapshotEvery: c.every}).SnapshotSteps(); got != c.want || auto != c.auto {
+			t.Errorf("snapshot_every %d: (%d, %v), want (%d, %v)", c.every, got, auto, c.want, c.auto)
 		}
 	}
 }

@@ -87,16 +87,51 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 		j.log.Warn("lost a member of the job: re-forming the group without it", zap.Int("world", oldWorld), zap.Error(cause))
 	}
 	state, serr := old.TakeState()
-	if serr != nil && !errors.Is(serr, trainer.ErrStateSharded) {
+	if serr != nil && !errors.Is(serr, trainer.ErrStateSharded) && !errors.Is(serr, trainer.ErrNotSynced) {
 		return reformed{}, serr
 	}
-	j.closeComm()
-	ecfg := j.cfg.Elastic
-	if ecfg.Settle > 0 && !grow {
+	var snap *trainer.Snapshot // stages 1-2: the neighbour snapshots this rank holds
+	if state == nil {
+		snap = old.Snapshot()
+	}
+	if ecfg := j.cfg.Elastic; ecfg.Settle > 0 && !grow {
+		j.closeComm()
 		if err := sleepCtx(ctx, ecfg.Settle); err != nil { // let the failure detector's verdicts reach every survivor
 			return reformed{}, fmt.Errorf("%w (while settling: %w)", cause, err)
 		}
 	}
+	// A member lost while the group re-forms (it died between the roster and the data plane,
+	// or during the agreement) is one more loss: re-form again without it.
+	for attempt := 1; ; attempt++ {
+		r, err := j.reformOnce(ctx, mem, old, setup, cause, reformFrom{state: state, serr: serr, snap: snap, oldWorld: oldWorld, oldRank: oldRank, grow: grow, start: start})
+		if err == nil || attempt == maxReformAttempts || ctx.Err() != nil || !lostMember(err) {
+			return r, err
+		}
+		j.log.Warn("lost a member while re-forming: re-forming again", zap.Int("attempt", attempt), zap.Error(err))
+		cause, grow = err, false
+	}
+}
+
+// maxReformAttempts bounds the re-forms one loss may take when members keep failing during
+// them.
+const maxReformAttempts = 5
+
+// reformFrom is what a re-form continues from: this survivor's state (or its error), its
+// neighbour snapshots, and its place in the generation that last trained.
+type reformFrom struct {
+	state             *trainer.State
+	serr              error
+	snap              *trainer.Snapshot
+	oldWorld, oldRank int
+	grow              bool
+	start             time.Time
+}
+
+// reformOnce is one attempt of reform.
+func (j *job) reformOnce(ctx context.Context, mem Membership, old *trainer.Trainer, setup trainer.Setup, cause error, f reformFrom) (reformed, error) {
+	state, serr, snap, oldWorld, oldRank, grow, start := f.state, f.serr, f.snap, f.oldWorld, f.oldRank, f.grow, f.start
+	j.closeComm()
+	ecfg := j.cfg.Elastic
 	g, err := mem.Reform(ctx, cause, ecfg.MinNodes, ecfg.MaxNodes, ecfg.RejoinTimeout)
 	if err != nil {
 		return reformed{}, err
@@ -116,7 +151,7 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 	// the survivors' steps may differ by one where a rank finished a step's reduction that
 	// another did not.
 	var from *checkpoint.Checkpoint
-	a := agreeInput{survivor: true, step: old.Step(), ckptStep: -1, oldWorld: oldWorld, formerRank0: oldRank == 0, whole: state != nil}
+	a := agreeInput{survivor: true, step: old.Step(), ckptStep: -1, oldWorld: oldWorld, formerRank0: oldRank == 0, whole: state != nil, snapshots: snap != nil}
 	if g.Rank == 0 && setup.Checkpoint.Dir != "" {
 		if c, skipped, err := checkpoint.Resolve(checkpoint.ResumeAuto, setup.Checkpoint.Dir); err == nil {
 			from, a.ckptStep = c, c.Step()
@@ -131,11 +166,16 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 	if err != nil {
 		return reformed{}, fmt.Errorf("re-forming: agreeing on the state: %w", err)
 	}
+	if s, err := j.assemble(ctx, &agreed, snap); err != nil {
+		return reformed{}, err
+	} else if s != nil {
+		state = s
+	}
 	plan, err := j.plan(setup, agreed, cause)
 	if err != nil {
 		return reformed{}, err
 	}
-	if plan.Source == elastic.FromMemory {
+	if plan.Source == elastic.FromMemory || plan.Source == elastic.FromSnapshot {
 		if state == nil {
 			return reformed{}, fmt.Errorf("re-forming: %w", serr)
 		}
@@ -150,6 +190,9 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 		return reformed{}, fmt.Errorf("re-forming: %w", err)
 	}
 	took := time.Since(start)
+	if !grow {
+		j.noAdmitUntil = time.Time{}
+	}
 	detail := cause.Error()
 	if grow {
 		detail = fmt.Sprintf("admitted %d members", g.World-agreed.survivors)
@@ -171,6 +214,7 @@ type agreeInput struct {
 	oldWorld    int
 	formerRank0 bool // it was the previous generation's rank 0
 	whole       bool // it holds the whole state
+	snapshots   bool // it holds neighbour snapshots (trainer.Snapshot)
 }
 
 // agreement is what a new generation agreed on: the largest of every member's figures.
@@ -183,13 +227,16 @@ type agreement struct {
 	baseWorld          int
 	formerRank0        bool
 	whole              bool // every survivor holds the whole state
+	snapshots          bool // every survivor holds neighbour snapshots
+	// snapshotStep is the step of the state rebuilt from them (assemble), or -1.
+	snapshotStep int64
 }
 
 // agree runs a new generation's agreement: every member — survivors, newcomers, and at a
 // first start everyone — passes what it knows, and all get the same answer.
 func (j *job) agree(ctx context.Context, a agreeInput) (agreement, error) {
 	const none = math.MinInt64
-	v := []int64{none, none, none, 0, 0, 0, 0, 0}
+	v := []int64{none, none, none, 0, 0, 0, 0, 0, 0}
 	if a.survivor {
 		v[2], v[3], v[4], v[5] = a.step, int64(a.oldWorld), 1, int64(j.baseWorld)
 		if j.rank == 0 {
@@ -200,6 +247,9 @@ func (j *job) agree(ctx context.Context, a agreeInput) (agreement, error) {
 		}
 		if !a.whole {
 			v[7] = 1
+		}
+		if !a.snapshots {
+			v[8] = 1
 		}
 	}
 	n := []int64{vote(a.survivor)}
@@ -212,7 +262,29 @@ func (j *job) agree(ctx context.Context, a agreeInput) (agreement, error) {
 		}
 	}
 	return agreement{running: v[4] > 0, ckptStep: v[0], rank0Step: v[1], maxStep: v[2], oldWorld: int(v[3]), survivors: int(n[0]),
-		baseWorld: int(v[5]), formerRank0: v[6] == 1, whole: v[7] == 0}, nil
+		baseWorld: int(v[5]), formerRank0: v[6] == 1, whole: v[7] == 0, snapshots: v[8] == 0, snapshotStep: -1}, nil
+}
+
+// assemble rebuilds the whole state from the neighbour snapshots when the survivors do not
+// hold it but every one holds snapshots: a collective of the new generation (newcomers pass
+// nil). It returns nil, having logged why, where two neighbours were lost together; the
+// group then continues from a checkpoint. a.snapshotStep records the step of what it built.
+func (j *job) assemble(ctx context.Context, a *agreement, snap *trainer.Snapshot) (*trainer.State, error) {
+	if a.whole || !a.snapshots {
+		return nil, nil
+	}
+	start := time.Now()
+	s, err := trainer.Assemble(ctx, j.comm, snap)
+	switch {
+	case errors.Is(err, trainer.ErrNoSnapshot):
+		j.log.Warn("the neighbour snapshots do not hold every lost shard: continuing from a checkpoint", zap.Error(err))
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("re-forming: rebuilding the state from the neighbour snapshots: %w", err)
+	}
+	a.snapshotStep = s.Step
+	j.log.Info("rebuilt the state from the neighbour snapshots", zap.Int64("step", s.Step), zap.Duration("took", time.Since(start).Round(time.Millisecond)))
+	return s, nil
 }
 
 func vote(b bool) int64 {
@@ -228,7 +300,7 @@ func (j *job) plan(setup trainer.Setup, a agreement, cause error) (elastic.Plan,
 	j.baseWorld = a.baseWorld
 	plan, err := elastic.Decide(ecfg, elastic.Loss{OldWorld: a.oldWorld, NewWorld: j.world, Survivors: a.survivors, Stage: setup.Zero.Stage,
 		Step: a.rank0Step, Checkpoint: a.ckptStep, Micro: setup.Config.MicroBatch, Accum: setup.Config.Accum, BaseWorld: a.baseWorld,
-		FormerRank0: a.formerRank0, Whole: a.whole})
+		FormerRank0: a.formerRank0, Whole: a.whole, Snapshots: a.snapshotStep >= 0, SnapshotStep: a.snapshotStep})
 	switch {
 	case err != nil:
 		return plan, fmt.Errorf("%w; %w", cause, err)
@@ -241,7 +313,7 @@ func (j *job) plan(setup trainer.Setup, a agreement, cause error) (elastic.Plan,
 	if plan.Source == elastic.FromMemory {
 		plan.LostSteps = a.maxStep - a.rank0Step
 	} else {
-		plan.LostSteps = a.maxStep - plan.FromStep
+		plan.LostSteps = max(0, a.maxStep-plan.FromStep)
 	}
 	return plan, nil
 }
@@ -292,6 +364,9 @@ func (j *job) joinRunning(ctx context.Context, setup *trainer.Setup) (joined boo
 	if !a.running {
 		j.baseWorld = j.world
 		return false, nil
+	}
+	if _, err := j.assemble(ctx, &a, nil); err != nil { // rank 0 broadcasts what it builds
+		return false, err
 	}
 	plan, err := j.plan(*setup, a, errAdmitted)
 	if err != nil {

@@ -156,6 +156,11 @@ func (k *killAt) AllReduceInt64(ctx context.Context, v []int64, op collective.Op
 	return k.Communicator.AllReduceInt64(ctx, v, op)
 }
 
+// Shift keeps the ring's own neighbour shift (the snapshots') behind the wrapper.
+func (k *killAt) Shift(ctx context.Context, send, recv []float32, c collective.Call) error {
+	return collective.Shift(ctx, k.Communicator, send, recv, c)
+}
+
 // elasticConfig is testConfig's job at world 3 (micro 2 × accum 2: global batch 12), elastic
 // down to 2 ranks, checkpointing every 3 steps.
 func elasticConfig(t *testing.T, dir, out string, stage, accum int) configs.Config {
@@ -175,8 +180,9 @@ elastic: {min_nodes: 2, max_nodes: 3, settle: 0s}
 // TestElasticLosesARank runs 3 ranks through Run, kills rank 2 at a step boundary, and checks
 // that the 2 survivors re-form, keep the global batch (accum 2 → 3), finish, and end with the
 // weights — bit for bit — of a fresh run at world 2 resumed from the same state: stage 0
-// continues from memory at the step of the loss, stages 1 and 2 (with and without the
-// optimizer offloaded) from the newest checkpoint.
+// continues from memory at the step of the loss; stages 1 and 2 (with and without the
+// optimizer offloaded) rebuild the lost shard from the neighbour snapshots (losing at most
+// one step), or, with snapshots off, resume the newest checkpoint.
 func TestElasticLosesARank(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	dir := synthData(t, 120, 40)
@@ -184,22 +190,26 @@ func TestElasticLosesARank(t *testing.T) {
 		stage    int
 		killAt   int // the step rank 2 dies in
 		source   string
-		lost     int64
-		fromStep int64 // the state the survivors continue from: checkpoint step-3 holds it
+		lost     int64 // -1: at most one step (a snapshot may still be in flight)
+		fromStep int64 // the state the survivors continue from (-1: the reform record's)
 		offload  bool  // the optimizer on the host (zero_optimization.offload_optimizer: cpu)
+		snaps    int   // elastic.snapshot_every
 	}{
 		{stage: 0, killAt: 4, source: metrics.SourceMemory, lost: 0, fromStep: 3},
-		{stage: 1, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3},
-		{stage: 2, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3},
-		{stage: 2, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3, offload: true},
+		{stage: 1, killAt: 5, source: metrics.SourceSnapshot, lost: -1, fromStep: -1, snaps: 1},
+		{stage: 2, killAt: 5, source: metrics.SourceSnapshot, lost: -1, fromStep: -1, snaps: 1},
+		{stage: 2, killAt: 5, source: metrics.SourceSnapshot, lost: -1, fromStep: -1, snaps: 1, offload: true},
+		{stage: 1, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3, snaps: -1},
+		{stage: 2, killAt: 5, source: metrics.SourceCheckpoint, lost: 1, fromStep: 3, snaps: -1, offload: true},
 	} {
-		name := fmt.Sprintf("stage%d", c.stage)
+		name := fmt.Sprintf("stage%d-%s", c.stage, c.source)
 		if c.offload {
 			name += "-offload"
 		}
 		t.Run(name, func(t *testing.T) {
 			out := t.TempDir()
 			cfg := elasticConfig(t, dir, out, c.stage, 2)
+			cfg.Elastic.SnapshotEvery = c.snaps
 			if c.offload {
 				cfg.Zero.OffloadOptimizer.Device = "cpu"
 			}
@@ -256,48 +266,72 @@ func TestElasticLosesARank(t *testing.T) {
 			if c.source == metrics.SourceMemory {
 				wantFrom = int64(c.killAt - 1)
 			}
-			if reform.World != 2 || reform.OldWorld != 3 || reform.Source != c.source || reform.LostSteps != c.lost || reform.Step != wantFrom || reform.Gen != 1 || reform.Detail == "" {
+			lostOK := reform.LostSteps == c.lost
+			if c.lost < 0 { // a snapshot of the last step may not have reached its neighbour
+				lostOK = reform.LostSteps <= 1 && reform.Step == int64(c.killAt-1)-reform.LostSteps
+				wantFrom = reform.Step
+			}
+			if reform.World != 2 || reform.OldWorld != 3 || reform.Source != c.source || !lostOK || reform.Step != wantFrom || reform.Gen != 1 || reform.Detail == "" {
 				t.Fatalf("reform record %+v", *reform)
 			}
 			t.Logf("reform: source %s, from step %d, lost %d, %.3f s to resume; cause: %s", reform.Source, reform.Step, reform.LostSteps, reform.ResumeSeconds, reform.Detail)
 
 			// The reference: a fresh run at world 2 (accum 3: the same global batch) resumed
-			// from the checkpoint that holds the state the survivors continued from.
-			ckpt := filepath.Join(cfg.Checkpoint.Dir, fmt.Sprintf("step-%08d", c.fromStep))
+			// from a checkpoint of the state the survivors continued from — the elastic
+			// run's own, or, for a snapshot's step, one a clean world-3 run wrote at every step.
+			ckptDir := cfg.Checkpoint.Dir
+			if c.source == metrics.SourceSnapshot {
+				clean := elasticConfig(t, dir, t.TempDir(), c.stage, 2)
+				clean.Elastic.MinNodes, clean.Elastic.MaxNodes = 0, 0
+				clean.Checkpoint.EverySteps = 1
+				clean.Zero.OffloadOptimizer.Device = cfg.Zero.OffloadOptimizer.Device
+				runGroup(t, clean, 3, "")
+				ckptDir = clean.Checkpoint.Dir
+			}
+			ckpt := filepath.Join(ckptDir, fmt.Sprintf("step-%08d", wantFrom))
 			if _, err := os.Stat(ckpt); err != nil {
-				entries, _ := os.ReadDir(cfg.Checkpoint.Dir)
-				t.Fatalf("no checkpoint at step %d: %v (have %v)", c.fromStep, err, entries)
+				entries, _ := os.ReadDir(ckptDir)
+				t.Fatalf("no checkpoint at step %d: %v (have %v)", wantFrom, err, entries)
 			}
 			ref := elasticConfig(t, dir, t.TempDir(), c.stage, 3)
 			ref.Elastic.MinNodes, ref.Elastic.MaxNodes = 0, 0
 			ref.Zero.OffloadOptimizer.Device = cfg.Zero.OffloadOptimizer.Device
-			_, rts := collective.NewInproc(2, 1)
-			refRes, refErrs := make([]trainer.Result, 2), make([]error, 2)
-			for r := range 2 {
-				ring, err := collective.NewRing(rts[r], collective.DefaultConfig())
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ring.Close()
-				defer rts[r].Close()
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					refRes[r], refErrs[r] = Run(context.Background(), ref, Options{Quiet: true, Comm: ring, Resume: ckpt, LogLevel: zapcore.WarnLevel})
-				}()
-			}
-			wg.Wait()
-			for r := range 2 {
-				if refErrs[r] != nil {
-					t.Fatalf("reference rank %d: %v", r, refErrs[r])
-				}
-			}
+			refRes := runGroup(t, ref, 2, ckpt)
 			if refRes[0].Steps != 8 || refRes[0].WeightsSHA256 != res[0].WeightsSHA256 {
 				t.Fatalf("the survivors end with weights %s, a fresh world-2 run resumed from %s with %s (%d steps)",
 					res[0].WeightsSHA256, ckpt, refRes[0].WeightsSHA256, refRes[0].Steps)
 			}
 		})
 	}
+}
+
+// runGroup runs cfg at a fixed world over in-process rings, resumed from resume if set, and
+// returns every rank's result.
+func runGroup(t *testing.T, cfg configs.Config, world int, resume string) []trainer.Result {
+	t.Helper()
+	_, ts := collective.NewInproc(world, 1)
+	res, errs := make([]trainer.Result, world), make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		ring, err := collective.NewRing(ts[r], collective.DefaultConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ring.Close()
+		defer ts[r].Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[r], errs[r] = Run(context.Background(), cfg, Options{Quiet: true, Comm: ring, Resume: resume, LogLevel: zapcore.WarnLevel})
+		}()
+	}
+	wg.Wait()
+	for r := range world {
+		if errs[r] != nil {
+			t.Fatalf("rank %d of %d: %v", r, world, errs[r])
+		}
+	}
+	return res
 }
 
 // TestElasticAdmitsAMember runs 2 ranks of a job that may grow to 3; a third member waits
@@ -380,27 +414,7 @@ func TestElasticAdmitsAMember(t *testing.T) {
 			ref := elasticConfig(t, dir, t.TempDir(), stage, 2)
 			ref.Elastic.MinNodes, ref.Elastic.MaxNodes = 0, 0
 			ref.Zero.OffloadOptimizer.Device = cfg.Zero.OffloadOptimizer.Device
-			_, rts := collective.NewInproc(3, 1)
-			refRes, refErrs := make([]trainer.Result, 3), make([]error, 3)
-			for r := range 3 {
-				ring, err := collective.NewRing(rts[r], collective.DefaultConfig())
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ring.Close()
-				defer rts[r].Close()
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					refRes[r], refErrs[r] = Run(context.Background(), ref, Options{Quiet: true, Comm: ring, Resume: ckpt, LogLevel: zapcore.WarnLevel})
-				}()
-			}
-			wg.Wait()
-			for r := range 3 {
-				if refErrs[r] != nil {
-					t.Fatalf("reference rank %d: %v", r, refErrs[r])
-				}
-			}
+			refRes := runGroup(t, ref, 3, ckpt)
 			if refRes[0].Steps != 8 || refRes[0].WeightsSHA256 != res[0].WeightsSHA256 {
 				t.Fatalf("the grown group ends with weights %s, a fresh world-3 run resumed from %s with %s (%d steps)",
 					res[0].WeightsSHA256, ckpt, refRes[0].WeightsSHA256, refRes[0].Steps)

@@ -157,6 +157,11 @@ func (j *job) train(ctx context.Context) (trainer.Result, error) {
 	mem := j.membership()
 	if mem != nil {
 		setup.Admit = j.admit(mem)
+		if every, auto := cfg.Elastic.SnapshotSteps(); auto {
+			setup.SnapshotEvery = trainer.SnapshotAuto
+		} else {
+			setup.SnapshotEvery = every
+		}
 		if _, err := j.joinRunning(ctx, &setup); err != nil {
 			return trainer.Result{}, err
 		}

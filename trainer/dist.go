@@ -150,6 +150,7 @@ func (t *Trainer) syncFromRank0(ctx context.Context) error {
 	if s.AtCheckpoint {
 		t.ckpt.step = t.pos.step // rank 0 resumed from a checkpoint at this step
 	}
+	t.group.synced = true
 	t.log.Debug("state synchronised from rank 0", zap.Int64("step", t.pos.step))
 	return nil
 }

@@ -32,14 +32,24 @@ type State struct {
 // state (ZeRO stages 1-2 in a group): the other shards died with their ranks.
 var ErrStateSharded = errors.New("trainer: this rank holds only a shard of the optimizer state")
 
+// ErrNotSynced is TakeState's error where Run failed before this rank received the group's
+// state (a member admitted to a running job, or one resuming from a checkpoint): it holds none.
+var ErrNotSynced = errors.New("trainer: this rank has not received the group's state")
+
 // TakeState copies this rank's whole state after Run has returned: the last completed step's
 // weights, optimizer state, scaler and position. A step Run abandoned (a lost peer) was not
 // applied: its reductions come before the optimizer. It needs the whole optimizer state on
 // this rank (ZeRO stage 0, or one worker), else ErrStateSharded. It runs no collective.
 func (t *Trainer) TakeState() (*State, error) {
-	if s := t.group.gathered; s != nil { // Run ended with ErrRegroup
+	switch {
+	case t.group.gathered != nil: // Run ended with ErrRegroup
+		s := t.group.gathered
 		t.group.gathered = nil
 		return s, nil
+	case t.mem != nil: // Run failed before it loaded the state it was given: that is still it
+		return t.mem, nil
+	case !t.group.synced:
+		return nil, ErrNotSynced
 	}
 	lo, hi := t.eng.Shard()
 	if trainable := t.layout.Trainable(); lo != 0 || hi != trainable {

@@ -45,6 +45,7 @@ type group struct {
 	admit    func() bool
 	regroup  bool
 	gathered *State
+	synced   bool // Run has taken rank 0's state (syncFromRank0)
 }
 
 // position is how far the run has got: the next step is global step step+1, reading the

@@ -137,6 +137,10 @@ type Setup struct {
 	// Prefetch is how many training micro-batches a goroutine fills ahead of the step
 	// (data.prefetch; 0 = fill each in the step). The batches, and so the run, are the same.
 	Prefetch int
+	// SnapshotEvery: every how many steps each rank ships its ZeRO shard to its ring
+	// neighbour (elastic training, snapshot.go): 0 never, SnapshotAuto measured. Only at
+	// stages 1-2 in a group; elsewhere TakeState has the whole state.
+	SnapshotEvery int
 }
 
 // Result summarises a run.
@@ -191,7 +195,8 @@ type Trainer struct {
 	log      *zap.Logger
 	adapt    adaptState
 	abort    abortState
-	mem      *State // the in-memory state to start from (Setup.State) until Run has loaded it
+	mem      *State       // the in-memory state to start from (Setup.State) until Run has loaded it
+	snap     *snapshotter // neighbour snapshots of the ZeRO shard (nil: off)
 }
 
 // New builds a trainer; with s.Resume it restores weights, optimizer, scaler and data position.
@@ -343,6 +348,12 @@ func New(s Setup) (*Trainer, error) {
 		t.Close()
 		return nil, err
 	}
+	if s.SnapshotEvery != 0 && s.Zero.Stage >= 1 && t.group.world > 1 {
+		if t.snap, err = newSnapshotter(t, s.SnapshotEvery); err != nil {
+			t.Close()
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
@@ -394,6 +405,9 @@ func CheckDir(dir string, need int64) error {
 // Close stops the optimizer's and the pool's goroutines; safe to call twice.
 func (t *Trainer) Close() error {
 	t.closePrefetch()
+	if t.snap != nil {
+		t.snap.close()
+	}
 	t.w.releaseInitial()
 	if t.eng != nil {
 		t.eng.Close()
@@ -526,6 +540,11 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 			}
 			if t.group.regroup {
 				return res, t.regroup(cctx)
+			}
+			if t.snap != nil {
+				if err := t.snap.afterStep(cctx, t); err != nil {
+					return res, t.abortCause(cctx, err)
+				}
 			}
 		}
 		epochDone := t.pos.offset+t.spec.global > len(t.data.perm)

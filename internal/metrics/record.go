@@ -45,6 +45,9 @@ const (
 const (
 	SourceMemory     = "memory"     // the survivors' in-memory state (ZeRO stage 0: every rank holds it all)
 	SourceCheckpoint = "checkpoint" // the newest complete checkpoint in checkpoint.dir
+	// SourceSnapshot: ZeRO stages 1-2, the lost shards rebuilt from the copies their ring
+	// neighbours kept (elastic.snapshot_every).
+	SourceSnapshot = "snapshot"
 )
 
 // Member is one member of the cluster as rank 0 saw it through gossip (see package cluster).
