@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -92,6 +93,44 @@ func (n *Node) SurvivorsExcept(ctx context.Context, prev *Roster, gone []string)
 		out = append(out, name)
 	}
 	return out
+}
+
+// Dead returns the ranks of prev's members outside next (the generation that replaced it)
+// whose process is known to have ended, not merely to be out of reach: its gRPC address
+// refuses connections (a host that is cut off, or a stopped process, does not refuse), or a
+// live member now carries its name as another process (a restart). A partition's other side
+// is never among them, so the survivors may leave them out of the quorum (elastic.Decide).
+func (n *Node) Dead(ctx context.Context, prev, next *Roster) []int {
+	live := map[string]Member{}
+	for _, m := range n.Members() {
+		live[m.Name] = m
+	}
+	var (
+		mu   sync.Mutex
+		dead []int
+		wg   sync.WaitGroup
+	)
+	for rank, rm := range prev.Members {
+		if next.RankOf(rm.Name) >= 0 && next.Members[next.RankOf(rm.Name)].Gen == rm.Gen {
+			continue
+		}
+		if m, ok := live[rm.Name]; ok && m.State == StateAlive && m.Meta.Gen != rm.Gen {
+			dead = append(dead, rank)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if refuses(ctx, rm.GRPC) {
+				mu.Lock()
+				dead = append(dead, rank)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(dead)
+	return dead
 }
 
 // refuses reports whether a TCP connection to addr is refused (within refuseProbe).

@@ -47,6 +47,10 @@ type Loss struct {
 	Micro, Accum, BaseWorld int
 	// FormerRank0: the survivors include the last generation's rank 0 (it breaks a tie).
 	FormerRank0 bool
+	// Dead is how many lost members are known to have ended (a refused connection, or a
+	// restart under their name) rather than to be out of reach: they cannot be training on
+	// the other side of a partition, so the quorum is taken of the others.
+	Dead int
 	// Whole: every survivor holds the whole state — ZeRO stage 0, or a re-form the group
 	// planned at a step boundary (admitting members), which gathered it first.
 	Whole bool
@@ -79,8 +83,9 @@ var (
 )
 
 // Decide is the group's decision after losing members. Survivors that are not a quorum of
-// the last generation stop (ErrMinority): more than half of its members, or exactly half
-// including its rank 0, so at most one side of a partition trains on and writes checkpoints.
+// the last generation stop (ErrMinority): more than half of its members not known to have
+// ended (Dead), or exactly half including its rank 0, so at most one side of a partition
+// trains on and writes checkpoints.
 // A world below min_nodes waits (the caller fails with the loss once rejoin_timeout passes);
 // otherwise it continues from memory where the survivors hold the whole state (Whole), from
 // the neighbours' shard copies where they rebuilt it (Snapshots), or from the newest
@@ -91,9 +96,13 @@ func Decide(cfg Config, l Loss) (Plan, error) {
 	if surv == 0 {
 		surv = l.NewWorld
 	}
-	if 2*surv < l.OldWorld || (2*surv == l.OldWorld && !l.FormerRank0) {
-		return Plan{}, fmt.Errorf("%w: %d of its %d members remain here (a quorum is more than half, or exactly half with its rank 0); the other side may be training on, so this side stops",
-			ErrMinority, surv, l.OldWorld)
+	if voters := l.OldWorld - l.Dead; 2*surv < voters || (2*surv == voters && !l.FormerRank0) {
+		dead := ""
+		if l.Dead > 0 {
+			dead = fmt.Sprintf(" and %d are known to have ended", l.Dead)
+		}
+		return Plan{}, fmt.Errorf("%w: %d of its %d members remain here%s (a quorum is more than half of those not known to have ended, or exactly half with its rank 0); the other side may be training on, so this side stops",
+			ErrMinority, surv, l.OldWorld, dead)
 	}
 	if l.NewWorld < cfg.MinNodes {
 		return Plan{Action: Wait}, nil

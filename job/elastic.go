@@ -45,6 +45,9 @@ type Generation struct {
 	Comm        collective.Communicator
 	// Close releases Comm and its transports (nil: the Membership does).
 	Close func()
+	// Dead are the ranks, in the generation that trained, of the members known to have ended
+	// (cluster.Node.Dead): they cannot be training on the other side of a partition.
+	Dead []int
 }
 
 // ErrMemberLost wraps the failure detector's report of a lost member, with which the
@@ -102,8 +105,10 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 	}
 	// A member lost while the group re-forms (it died between the roster and the data plane,
 	// or during the agreement) is one more loss: re-form again without it.
+	j.trained = j.roster
+	dead := map[int]bool{} // the trained generation's members known to have ended, over the attempts
 	for attempt := 1; ; attempt++ {
-		r, err := j.reformOnce(ctx, mem, old, setup, cause, reformFrom{state: state, serr: serr, snap: snap, oldWorld: oldWorld, oldRank: oldRank, grow: grow, start: start})
+		r, err := j.reformOnce(ctx, mem, old, setup, cause, reformFrom{state: state, serr: serr, snap: snap, oldWorld: oldWorld, oldRank: oldRank, grow: grow, start: start, dead: dead})
 		if err == nil || attempt == maxReformAttempts || ctx.Err() != nil || !lostMember(err) {
 			return r, err
 		}
@@ -125,6 +130,7 @@ type reformFrom struct {
 	oldWorld, oldRank int
 	grow              bool
 	start             time.Time
+	dead              map[int]bool
 }
 
 // reformOnce is one attempt of reform.
@@ -137,6 +143,9 @@ func (j *job) reformOnce(ctx context.Context, mem Membership, old *trainer.Train
 		return reformed{}, err
 	}
 	j.rank, j.world, j.comm, j.closeGen, j.generation = g.Rank, g.World, g.Comm, g.Close, g.Gen
+	for _, r := range g.Dead {
+		f.dead[r] = true
+	}
 	if grow && g.World <= oldWorld {
 		// The newcomers did not answer (or were refused): do not stop the job for them at
 		// every step.
@@ -151,7 +160,7 @@ func (j *job) reformOnce(ctx context.Context, mem Membership, old *trainer.Train
 	// the survivors' steps may differ by one where a rank finished a step's reduction that
 	// another did not.
 	var from *checkpoint.Checkpoint
-	a := agreeInput{survivor: true, step: old.Step(), ckptStep: -1, oldWorld: oldWorld, formerRank0: oldRank == 0, whole: state != nil, snapshots: snap != nil}
+	a := agreeInput{survivor: true, step: old.Step(), ckptStep: -1, oldWorld: oldWorld, formerRank0: oldRank == 0, whole: state != nil, snapshots: snap != nil, dead: f.dead}
 	if g.Rank == 0 && setup.Checkpoint.Dir != "" {
 		if c, skipped, err := checkpoint.Resolve(checkpoint.ResumeAuto, setup.Checkpoint.Dir); err == nil {
 			from, a.ckptStep = c, c.Step()
@@ -212,9 +221,10 @@ type agreeInput struct {
 	step        int64 // the last step it completed
 	ckptStep    int64 // rank 0: the newest checkpoint's step, or -1
 	oldWorld    int
-	formerRank0 bool // it was the previous generation's rank 0
-	whole       bool // it holds the whole state
-	snapshots   bool // it holds neighbour snapshots (trainer.Snapshot)
+	formerRank0 bool         // it was the previous generation's rank 0
+	whole       bool         // it holds the whole state
+	snapshots   bool         // it holds neighbour snapshots (trainer.Snapshot)
+	dead        map[int]bool // ranks of the trained generation it knows to have ended
 }
 
 // agreement is what a new generation agreed on: the largest of every member's figures.
@@ -228,6 +238,7 @@ type agreement struct {
 	formerRank0        bool
 	whole              bool // every survivor holds the whole state
 	snapshots          bool // every survivor holds neighbour snapshots
+	dead               int  // members of the old generation some survivor knows to have ended
 	// snapshotStep is the step of the state rebuilt from them (assemble), or -1.
 	snapshotStep int64
 }
@@ -236,7 +247,9 @@ type agreement struct {
 // first start everyone — passes what it knows, and all get the same answer.
 func (j *job) agree(ctx context.Context, a agreeInput) (agreement, error) {
 	const none = math.MinInt64
-	v := []int64{none, none, none, 0, 0, 0, 0, 0, 0}
+	// v[9:] marks the old generation's members known dead (the first maxDeadRanks ranks).
+	v := make([]int64, 9+maxDeadRanks)
+	v[0], v[1], v[2] = none, none, none
 	if a.survivor {
 		v[2], v[3], v[4], v[5] = a.step, int64(a.oldWorld), 1, int64(j.baseWorld)
 		if j.rank == 0 {
@@ -251,6 +264,11 @@ func (j *job) agree(ctx context.Context, a agreeInput) (agreement, error) {
 		if !a.snapshots {
 			v[8] = 1
 		}
+		for r := range a.dead {
+			if r < maxDeadRanks {
+				v[9+r] = 1
+			}
+		}
 	}
 	n := []int64{vote(a.survivor)}
 	if j.world > 1 {
@@ -261,9 +279,17 @@ func (j *job) agree(ctx context.Context, a agreeInput) (agreement, error) {
 			return agreement{}, err
 		}
 	}
+	dead := 0
+	for _, d := range v[9:] {
+		dead += int(d)
+	}
 	return agreement{running: v[4] > 0, ckptStep: v[0], rank0Step: v[1], maxStep: v[2], oldWorld: int(v[3]), survivors: int(n[0]),
-		baseWorld: int(v[5]), formerRank0: v[6] == 1, whole: v[7] == 0, snapshots: v[8] == 0, snapshotStep: -1}, nil
+		baseWorld: int(v[5]), formerRank0: v[6] == 1, whole: v[7] == 0, snapshots: v[8] == 0, snapshotStep: -1, dead: dead}, nil
 }
+
+// maxDeadRanks bounds the old ranks whose death the agreement carries: a larger job's
+// members beyond it count in the quorum as if alive (the safe side).
+const maxDeadRanks = 64
 
 // assemble rebuilds the whole state from the neighbour snapshots when the survivors do not
 // hold it but every one holds snapshots: a collective of the new generation (newcomers pass
@@ -300,7 +326,7 @@ func (j *job) plan(setup trainer.Setup, a agreement, cause error) (elastic.Plan,
 	j.baseWorld = a.baseWorld
 	plan, err := elastic.Decide(ecfg, elastic.Loss{OldWorld: a.oldWorld, NewWorld: j.world, Survivors: a.survivors, Stage: setup.Zero.Stage,
 		Step: a.rank0Step, Checkpoint: a.ckptStep, Micro: setup.Config.MicroBatch, Accum: setup.Config.Accum, BaseWorld: a.baseWorld,
-		FormerRank0: a.formerRank0, Whole: a.whole, Snapshots: a.snapshotStep >= 0, SnapshotStep: a.snapshotStep})
+		FormerRank0: a.formerRank0, Whole: a.whole, Snapshots: a.snapshotStep >= 0, SnapshotStep: a.snapshotStep, Dead: a.dead})
 	switch {
 	case err != nil:
 		return plan, fmt.Errorf("%w; %w", cause, err)

@@ -95,7 +95,7 @@ func (c *clusterMembership) Reform(ctx context.Context, cause error, min, max in
 	if err := j.attach(ctx, m, r); err != nil {
 		return Generation{}, fmt.Errorf("re-forming: %w", err)
 	}
-	return Generation{Gen: r.Gen, Rank: r.Rank, World: r.World, Comm: j.comm}, nil
+	return Generation{Gen: r.Gen, Rank: r.Rank, World: r.World, Comm: j.comm, Dead: m.node.Dead(ctx, j.trained, r)}, nil
 }
 
 // coordinatorPoll is how often a survivor that awaits the roster checks whether gossip has

@@ -93,8 +93,10 @@ type job struct {
 	// noAdmitUntil holds off admitting members after a re-form that admitted none of them.
 	generation   uint64
 	noAdmitUntil time.Time
-	getenv       func(string) string
-	lookupEnv    func(string) (string, bool)
+	// trained is the roster of the generation that last trained, while the job re-forms.
+	trained   *cluster.Roster
+	getenv    func(string) string
+	lookupEnv func(string) (string, bool)
 
 	stdout   io.Writer
 	line     *progress.Line
