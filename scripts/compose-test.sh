@@ -192,7 +192,7 @@ until_within() {
 # ("world" is not matched inside "old_world": the pattern starts at the key's quote.)
 field() { { grep -o "\"$1\":[^,}]*" || true; } | head -1 | cut -d: -f2- | tr -d '"'; }
 # train_steps FILE: how many train records FILE holds (0 before it exists).
-train_steps() { { grep -c '"kind":"train"' "$1" 2>/dev/null || true; } | head -1 | awk '{print $1 + 0}'; }
+train_steps() { { grep -c '"kind":"train"' "$1" 2>/dev/null || true; } | head -1 | awk '{n = $1 + 0} END {print n + 0}'; }
 trained_at_least() { [ "$(train_steps "$2")" -ge "$1" ]; }
 # reform_to WORLD FILE: the first re-form record of FILE to WORLD ranks ("" when none).
 reform_to() { { grep '"event":"reform"' "$2" 2>/dev/null || true; } | { grep "\"world\":$1," || true; } | head -1; }

@@ -18,6 +18,8 @@
 # Usage: scripts/elastic-soak.sh   (settings from the environment:)
 #   KILLS=10 EPOCHS=15 SEED=$RANDOM MIN_ACCURACY=0.88 TIMEOUT=1200 WORK=$(mktemp -d)
 #   PAIRS=1 (0: one worker at a time, never two at once)
+#   EXTRA="--zero-stage 2 --checkpoint-every 200" (more train flags: at stages 1-2 the lost
+#   shards come from the neighbour snapshots, or, when two neighbours die at once, a checkpoint)
 #   DATA=/usr/share/datasets/fashion-mnist
 # Exit 0: every check passed; 1: a check failed; 2: the soak could not run.
 set -euo pipefail
@@ -55,7 +57,7 @@ say "work dir $WORK, seed $SEED, $KILLS kills, $EPOCHS epochs ($STEPS steps, glo
 # The launch runs in its own session, so that the exit trap can stop every process of it.
 setsid timeout -k 30 "$TIMEOUT" "$WORK/qvd" launch --nproc $NPROC --min-nodes $MIN_NODES --max-restarts $MAX_RESTARTS \
 	-c "$ROOT/configs/fashion-mlp.yaml" --data "$DATA" --out "$RUN" --epochs "$EPOCHS" \
-	--micro-batch $MICRO --accum $ACCUM --transport tcp --quiet >"$LOG" 2>&1 &
+	--micro-batch $MICRO --accum $ACCUM --transport tcp --quiet ${EXTRA:-} >"$LOG" 2>&1 &
 TPID=$!
 cleanup() {
 	if kill -0 "$TPID" 2>/dev/null; then
