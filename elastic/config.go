@@ -35,7 +35,7 @@ type Config struct {
 	// its ring neighbour, so that a lost rank's shard is rebuilt from memory rather than from
 	// the newest checkpoint: 0 (the default) chooses the interval by measurement, every step
 	// when that costs under 5% of the step time; -1 turns the snapshots off. A recovery from
-	// them loses at most SnapshotEvery+1 steps.
+	// them loses at most SnapshotEvery steps.
 	SnapshotEvery int `yaml:"snapshot_every" json:"snapshot_every"`
 }
 

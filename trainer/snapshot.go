@@ -31,11 +31,13 @@ import (
 // returned anywhere, every rank still holds its own snapshot c and its predecessor's copy c:
 // whichever ranks die, if no two of them are ring neighbours, step c is complete (Assemble
 // may find a newer one). A copy is only used once fully received; one whose ship was cut
-// off by the failure is ignored. The ship of snapshot S overlaps step S+1, so a member that
-// dies in that step before its copy has landed costs every+1 steps, not every.
+// off by the failure is ignored. The ship of snapshot S overlaps step S+1's forward and
+// backward passes and reductions, and is awaited before that step's optimizer applies it
+// (settle): a member that dies before its copy has landed fails step S+1 unapplied, so a
+// recovery loses at most every steps.
 //
 // Concurrency. Over a collective.Shifter (the Ring) the ship runs in a goroutine under its
-// own Call tags while training goes on, and is awaited when the next snapshot starts; over
+// own Call tags while training goes on, and is awaited before the next step is applied; over
 // other communicators (NCCL, which needs every rank's calls in one order) it runs in the
 // step loop. Its failure fails the run like any collective's: a lost peer.
 
@@ -356,6 +358,16 @@ func commitCall(cl collective.Call) collective.Call {
 		return collective.Call{}
 	}
 	return collective.Call{Tag: snapTagCommit}
+}
+
+// settle waits, before a step's optimizer applies it, for the ship of the snapshot taken at
+// the step before (if one is in flight): a snapshot is then complete at its neighbour before
+// the group completes another step, which bounds a recovery's lost steps by the interval.
+func (s *snapshotter) settle() error {
+	if s.job == nil {
+		return nil
+	}
+	return s.await()
 }
 
 // await waits for the ship in flight and records its result: a failure fails the run.

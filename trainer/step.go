@@ -65,6 +65,11 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	}
 	times.reduction = t.eng.CommSeconds() - commBefore
 	d := policy.decide(stats, pre)
+	if t.snap != nil {
+		if err := t.snap.settle(); err != nil {
+			return false, fmt.Errorf("step %d: %w", t.pos.step+1, err)
+		}
+	}
 	t.pos.step++
 	t.pos.offset += t.spec.global
 	if err := t.apply(cctx, d, &times); err != nil {
