@@ -34,7 +34,7 @@ func NewAdam(alloc *Allocator, cfg optim.Config, master []float32) (*Adam, error
 	case cfg.Type == optim.TypeAdamW:
 	case cfg.Type == optim.TypeAdam && cfg.WeightDecay == 0:
 	default:
-		return nil, fmt.Errorf("gpu: the device optimizer does adamw (and adam without weight_decay), not %s with weight_decay %v: use zero_optimization.offload_optimizer.device: cpu", cfg.Type, cfg.WeightDecay)
+		return nil, fmt.Errorf("engine: the device optimizer does adamw (and adam without weight_decay), not %s with weight_decay %v: use zero_optimization.offload_optimizer.device: cpu", cfg.Type, cfg.WeightDecay)
 	}
 	a := &Adam{dev: alloc.Device(), alloc: alloc, cfg: cfg}
 	n := len(master)
@@ -42,7 +42,7 @@ func NewAdam(alloc *Allocator, cfg optim.Config, master []float32) (*Adam, error
 	for _, b := range []*Buf{&a.master, &a.m, &a.v} {
 		if *b, err = alloc.Alloc(n, F32); err != nil {
 			a.Close()
-			return nil, fmt.Errorf("gpu: optimizer state: %w", err)
+			return nil, fmt.Errorf("engine: optimizer state: %w", err)
 		}
 	}
 	if a.flag, err = alloc.Alloc(1, F32); err == nil {
@@ -50,14 +50,14 @@ func NewAdam(alloc *Allocator, cfg optim.Config, master []float32) (*Adam, error
 	}
 	if err != nil {
 		a.Close()
-		return nil, fmt.Errorf("gpu: optimizer scalars: %w", err)
+		return nil, fmt.Errorf("engine: optimizer scalars: %w", err)
 	}
 	a.dev.Upload(a.master, master)
 	a.dev.Fill(a.m, 0)
 	a.dev.Fill(a.v, 0)
 	if err := a.dev.Sync(); err != nil {
 		a.Close()
-		return nil, fmt.Errorf("gpu: optimizer state: %w", err)
+		return nil, fmt.Errorf("engine: optimizer state: %w", err)
 	}
 	return a, nil
 }
@@ -71,10 +71,10 @@ func (a *Adam) Check(g Buf, unscale float32) (overflow bool, sumsq float64, err 
 	a.dev.SumSquares(a.acc, g)
 	var out [2]float32
 	if err := a.dev.Download(out[:1], a.flag); err != nil {
-		return false, 0, fmt.Errorf("gpu: gradient check: %w", err)
+		return false, 0, fmt.Errorf("engine: gradient check: %w", err)
 	}
 	if err := a.dev.Download(out[1:], a.acc); err != nil {
-		return false, 0, fmt.Errorf("gpu: gradient check: %w", err)
+		return false, 0, fmt.Errorf("engine: gradient check: %w", err)
 	}
 	s := float64(out[1])
 	return out[0] != 0 || math.IsNaN(s) || math.IsInf(s, 0), s, nil
@@ -84,12 +84,12 @@ func (a *Adam) Check(g Buf, unscale float32) (overflow bool, sumsq float64, err 
 // the working weights into w (w.N == len(master); invalid w skips the store).
 func (a *Adam) Step(g, w Buf, lr, gradScale float32) error {
 	if g.N != a.master.N || (w.Valid() && w.N != a.master.N) {
-		return fmt.Errorf("gpu: optimizer step: gradient %d and weights %d for %d parameters", g.N, w.N, a.master.N)
+		return fmt.Errorf("engine: optimizer step: gradient %d and weights %d for %d parameters", g.N, w.N, a.master.N)
 	}
 	t := a.steps + 1
 	a.dev.AdamW(a.master, a.m, a.v, g, w, optim.AdamWConsts(a.cfg, t, lr, gradScale))
 	if err := a.dev.Sync(); err != nil {
-		return fmt.Errorf("gpu: optimizer step %d: %w", t, err)
+		return fmt.Errorf("engine: optimizer step %d: %w", t, err)
 	}
 	a.steps = t
 	return nil
@@ -107,7 +107,7 @@ func (a *Adam) State() (master, m, v []float32, err error) {
 		src Buf
 	}{{master, a.master}, {m, a.m}, {v, a.v}} {
 		if err := a.dev.Download(p.dst, p.src); err != nil {
-			return nil, nil, nil, fmt.Errorf("gpu: reading optimizer state: %w", err)
+			return nil, nil, nil, fmt.Errorf("engine: reading optimizer state: %w", err)
 		}
 	}
 	return master, m, v, nil

@@ -108,7 +108,7 @@ func (a *Allocator) Free(b Buf) {
 	defer a.mu.Unlock()
 	bytes, ok := a.live[b.Ptr]
 	if !ok {
-		panic(fmt.Sprintf("gpu: free of a block the allocator does not hold (%#x)", b.Ptr))
+		panic(fmt.Sprintf("engine: free of a block the allocator does not hold (%#x)", b.Ptr))
 	}
 	delete(a.live, b.Ptr)
 	a.allocated -= int64(bytes)

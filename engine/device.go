@@ -88,7 +88,7 @@ type Buf struct {
 // Slice returns elements [lo, hi) of b.
 func (b Buf) Slice(lo, hi int) Buf {
 	if lo < 0 || hi < lo || hi > b.N {
-		panic(fmt.Sprintf("gpu: slice [%d:%d] of a buffer of %d elements", lo, hi, b.N))
+		panic(fmt.Sprintf("engine: slice [%d:%d] of a buffer of %d elements", lo, hi, b.N))
 	}
 	return Buf{Ptr: b.Ptr, Off: b.Off + lo, N: hi - lo, T: b.T}
 }

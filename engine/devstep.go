@@ -75,18 +75,18 @@ func (n *Net) ReduceGrads(ctx context.Context, comm collective.Communicator, wir
 	if r, ok := comm.(DeviceReducer); ok {
 		// The reducer runs on its own stream: the gradient's kernels must be done first.
 		if err := n.dev.Sync(); err != nil {
-			return fmt.Errorf("gpu: before the gradient all-reduce: %w", err)
+			return fmt.Errorf("engine: before the gradient all-reduce: %w", err)
 		}
 		if err := r.AllReduceBuf(ctx, n.grads, collective.Avg); err != nil {
-			return fmt.Errorf("gpu: all-reducing the gradient on the device: %w", err)
+			return fmt.Errorf("engine: all-reducing the gradient on the device: %w", err)
 		}
 		return nil
 	}
 	if err := n.dev.Download(n.gbuf, n.grads); err != nil {
-		return fmt.Errorf("gpu: copying the gradient to the host: %w", err)
+		return fmt.Errorf("engine: copying the gradient to the host: %w", err)
 	}
 	if err := comm.AllReduce(ctx, n.gbuf, collective.Avg, collective.Call{Wire: wire}); err != nil {
-		return fmt.Errorf("gpu: all-reducing the gradient: %w", err)
+		return fmt.Errorf("engine: all-reducing the gradient: %w", err)
 	}
 	n.dev.Upload(n.grads, n.gbuf)
 	return n.dev.Sync()
@@ -96,7 +96,7 @@ func (n *Net) ReduceGrads(ctx context.Context, comm collective.Communicator, wir
 // NaN, and its squared norm after unscaling.
 func (n *Net) CheckGrads(unscale float32) (overflow bool, sumsq float64, err error) {
 	if n.adam == nil {
-		return false, 0, errors.New("gpu: the device optimizer is not enabled")
+		return false, 0, errors.New("engine: the device optimizer is not enabled")
 	}
 	return n.adam.Check(n.grads, unscale)
 }
@@ -105,7 +105,7 @@ func (n *Net) CheckGrads(unscale float32) (overflow bool, sumsq float64, err err
 // weights on the device. It returns the optimizer's step count.
 func (n *Net) StepDevice(lr, gradScale float32) (int64, error) {
 	if n.adam == nil {
-		return 0, errors.New("gpu: the device optimizer is not enabled")
+		return 0, errors.New("engine: the device optimizer is not enabled")
 	}
 	if err := n.adam.Step(n.grads, n.params.Slice(n.layout.Frozen, n.layout.Size), lr, gradScale); err != nil {
 		return 0, err
@@ -118,17 +118,17 @@ func (n *Net) StepDevice(lr, gradScale float32) (int64, error) {
 // len Layout().Trainable()). It returns the optimizer's step count.
 func (n *Net) PullState(master, m, v []float32) (int64, error) {
 	if n.adam == nil {
-		return 0, errors.New("gpu: the device optimizer is not enabled")
+		return 0, errors.New("engine: the device optimizer is not enabled")
 	}
 	if err := n.dev.Download(n.host, n.params); err != nil {
-		return 0, fmt.Errorf("gpu: copying the weights to the host: %w", err)
+		return 0, fmt.Errorf("engine: copying the weights to the host: %w", err)
 	}
 	for _, c := range []struct {
 		dst []float32
 		src Buf
 	}{{master, n.adam.master}, {m, n.adam.m}, {v, n.adam.v}} {
 		if err := n.dev.Download(c.dst, c.src); err != nil {
-			return 0, fmt.Errorf("gpu: copying the optimizer state to the host: %w", err)
+			return 0, fmt.Errorf("engine: copying the optimizer state to the host: %w", err)
 		}
 	}
 	return n.adam.steps, nil
@@ -138,17 +138,17 @@ func (n *Net) PullState(master, m, v []float32) (int64, error) {
 // m and v (the trainable part, fp32) into the device optimizer at step count steps.
 func (n *Net) PushState(master, m, v []float32, steps int64) error {
 	if n.adam == nil {
-		return errors.New("gpu: the device optimizer is not enabled")
+		return errors.New("engine: the device optimizer is not enabled")
 	}
 	if len(master) != n.adam.master.N || len(m) != n.adam.m.N || len(v) != n.adam.v.N {
-		return fmt.Errorf("gpu: optimizer state of %d/%d/%d values for %d parameters", len(master), len(m), len(v), n.adam.master.N)
+		return fmt.Errorf("engine: optimizer state of %d/%d/%d values for %d parameters", len(master), len(m), len(v), n.adam.master.N)
 	}
 	n.dev.Upload(n.params, n.host)
 	n.dev.Upload(n.adam.master, master)
 	n.dev.Upload(n.adam.m, m)
 	n.dev.Upload(n.adam.v, v)
 	if err := n.dev.Sync(); err != nil {
-		return fmt.Errorf("gpu: loading the optimizer state on the device: %w", err)
+		return fmt.Errorf("engine: loading the optimizer state on the device: %w", err)
 	}
 	n.adam.steps = steps
 	return nil

@@ -202,7 +202,7 @@ func (n *Net) SyncParams() error {
 	}
 	n.dev.Upload(n.params, n.host)
 	if err := n.dev.Sync(); err != nil {
-		return fmt.Errorf("gpu: copying the parameters to the device: %w", err)
+		return fmt.Errorf("engine: copying the parameters to the device: %w", err)
 	}
 	return nil
 }
@@ -437,7 +437,7 @@ func (n *Net) step(b *data.Batch, scale float32) (float32, error) {
 		loss, err := n.run(b, scale, 0)
 		n.onGrad = nil
 		if werr := a.WaitDownloads(); err == nil && werr != nil {
-			err = fmt.Errorf("gpu: copying the gradient to the host: %w", werr)
+			err = fmt.Errorf("engine: copying the gradient to the host: %w", werr)
 		}
 		return loss, err
 	}
@@ -446,7 +446,7 @@ func (n *Net) step(b *data.Batch, scale float32) (float32, error) {
 		return 0, err
 	}
 	if err := n.dev.Download(n.gbuf, n.grads); err != nil {
-		return 0, fmt.Errorf("gpu: copying the gradient to the host: %w", err)
+		return 0, fmt.Errorf("engine: copying the gradient to the host: %w", err)
 	}
 	return loss, nil
 }
@@ -468,7 +468,7 @@ func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 	rows, classes := b.N, n.spec.Classes
 	loss := p.alloc(rows, F32)
 	if p.err != nil {
-		return 0, fmt.Errorf("gpu: forward: %w", p.err)
+		return 0, fmt.Errorf("engine: forward: %w", p.err)
 	}
 	if n.segs != nil {
 		if err := n.runSegments(p, b, labels, loss, scale, beta); err != nil {
@@ -477,18 +477,18 @@ func (n *Net) run(b *data.Batch, scale, beta float32) (float32, error) {
 	} else {
 		st, logits := n.forward(p, b, b.N)
 		if p.err != nil {
-			return 0, fmt.Errorf("gpu: forward: %w", p.err)
+			return 0, fmt.Errorf("engine: forward: %w", p.err)
 		}
 		// d(mean CE × scale)/dlogits, written over the logits (no longer needed).
 		n.dev.SoftmaxXent(logits, loss, logits, labels, rows, classes, scale/float32(rows))
 		n.backward(p, st, logits, rows, beta)
 		if p.err != nil {
-			return 0, fmt.Errorf("gpu: backward: %w", p.err)
+			return 0, fmt.Errorf("engine: backward: %w", p.err)
 		}
 	}
 	lossv := make([]float32, rows)
 	if err := n.dev.Download(lossv, loss); err != nil {
-		return 0, fmt.Errorf("gpu: forward/backward: %w", err)
+		return 0, fmt.Errorf("engine: forward/backward: %w", err)
 	}
 	var sum float64
 	for _, v := range lossv {
@@ -528,7 +528,7 @@ func (n *Net) runSegments(p *pass, b *data.Batch, labels, loss Buf, scale, beta 
 		}
 	}
 	if p.err != nil {
-		return fmt.Errorf("gpu: forward: %w", p.err)
+		return fmt.Errorf("engine: forward: %w", p.err)
 	}
 	n.dev.SoftmaxXent(h, loss, h, labels, rows, n.spec.Classes, scale/float32(rows))
 	dy := h
@@ -571,7 +571,7 @@ func (n *Net) labels(p *pass, b *data.Batch) (Buf, error) {
 	}
 	buf := p.alloc(b.N, I32)
 	if p.err != nil {
-		return Buf{}, fmt.Errorf("gpu: labels: %w", p.err)
+		return Buf{}, fmt.Errorf("engine: labels: %w", p.err)
 	}
 	n.dev.UploadInt32(buf, ys)
 	return buf, nil
