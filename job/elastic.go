@@ -94,7 +94,7 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 		return reformed{}, serr
 	}
 	var snap *trainer.Snapshot // stages 1-2: the neighbour snapshots this rank holds
-	if state == nil {
+	if errors.Is(serr, trainer.ErrStateSharded) { // not a trainer that failed before it started
 		snap = old.Snapshot()
 	}
 	if ecfg := j.cfg.Elastic; ecfg.Settle > 0 && !grow {
