@@ -93,8 +93,10 @@ func (j *job) reform(ctx context.Context, mem Membership, old *trainer.Trainer, 
 	if serr != nil && !errors.Is(serr, trainer.ErrStateSharded) && !errors.Is(serr, trainer.ErrNotSynced) {
 		return reformed{}, serr
 	}
-	var snap *trainer.Snapshot // stages 1-2: the neighbour snapshots this rank holds
-	if errors.Is(serr, trainer.ErrStateSharded) { // not a trainer that failed before it started
+	// Stages 1-2: the neighbour snapshots this rank holds (none from a trainer that failed
+	// before it started: its generation never trained).
+	var snap *trainer.Snapshot
+	if errors.Is(serr, trainer.ErrStateSharded) {
 		snap = old.Snapshot()
 	}
 	if ecfg := j.cfg.Elastic; ecfg.Settle > 0 && !grow {

@@ -258,16 +258,7 @@ func TestElasticLosesARank(t *testing.T) {
 					t.Fatalf("rank %d: %d steps, accum %d, weights %s; rank 0: %s", r, res[r].Steps, res[r].Accum, res[r].WeightsSHA256, res[0].WeightsSHA256)
 				}
 			}
-			recs, err := metrics.ReadFile(cfg.MetricsPath())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var reform *metrics.Record
-			for i := range recs {
-				if recs[i].Event == metrics.EventReform {
-					reform = &recs[i]
-				}
-			}
+			reform := lastReform(t, cfg.MetricsPath())
 			if reform == nil {
 				t.Fatalf("no reform record in %s", cfg.MetricsPath())
 			}
@@ -315,6 +306,22 @@ func TestElasticLosesARank(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lastReform is the last reform record of the metrics file at path (nil: none).
+func lastReform(t *testing.T, path string) *metrics.Record {
+	t.Helper()
+	recs, err := metrics.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reform *metrics.Record
+	for i := range recs {
+		if recs[i].Event == metrics.EventReform {
+			reform = &recs[i]
+		}
+	}
+	return reform
 }
 
 // runGroup runs cfg at a fixed world over in-process rings, resumed from resume if set, and
@@ -407,16 +414,7 @@ func TestElasticAdmitsAMember(t *testing.T) {
 					t.Fatalf("rank %d: %d steps, accum %d, weights %s; rank 0: %s", r, res[r].Steps, res[r].Accum, res[r].WeightsSHA256, res[0].WeightsSHA256)
 				}
 			}
-			recs, err := metrics.ReadFile(cfg.MetricsPath())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var reform *metrics.Record
-			for i := range recs {
-				if recs[i].Event == metrics.EventReform {
-					reform = &recs[i]
-				}
-			}
+			reform := lastReform(t, cfg.MetricsPath())
 			if reform == nil || reform.World != 3 || reform.OldWorld != 2 || reform.Source != metrics.SourceMemory || reform.LostSteps != 0 ||
 				reform.Step != 3 || reform.Detail != "admitted 1 members" || reform.ResumeSeconds <= 0 {
 				t.Fatalf("reform record %+v", reform)
