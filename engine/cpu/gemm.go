@@ -149,3 +149,22 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 	}
 	g.a, g.b, g.c = nil, nil, nil
 }
+
+// sgemm512 runs qvd_sgemm512 (the convolutions' AVX-512 products) on row-major slices; false
+// where it does not apply. For its tests, which compare it with OpenBLAS.
+func sgemm512(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) bool {
+	return C.qvd_sgemm512(cbool(transA), cbool(transB), C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda),
+		fptr(b), C.long(ldb), C.float(beta), fptr(c), C.long(ldc)) != 0
+}
+
+// sgemmBLAS is OpenBLAS's product on the same operands (alpha 1).
+func sgemmBLAS(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	C.qvd_sgemm(cbool(transA), cbool(transB), C.long(m), C.long(n), C.long(k), 1, fptr(a), C.long(lda),
+		fptr(b), C.long(ldb), C.float(beta), fptr(c), C.long(ldc))
+}
+
+// sgemm512NT is qvd_sgemm512_nt (A·Bᵀ through a transposed copy of B in scratch).
+func sgemm512NT(m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int, scratch []float32) bool {
+	return C.qvd_sgemm512_nt(C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda), fptr(b), C.long(ldb), C.float(beta),
+		fptr(c), C.long(ldc), fptr(scratch)) != 0
+}

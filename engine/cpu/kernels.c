@@ -162,6 +162,13 @@ MULTI void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, lon
 	if (tmp != small) free(tmp);
 }
 
+// conv_gemm is a convolution's product: AVX-512 kernels where the CPU has them, else OpenBLAS.
+static void conv_gemm(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b,
+                      long ldb, float beta, float *c, long ldc) {
+	if (!qvd_sgemm512(transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc))
+		qvd_sgemm(transA, transB, m, n, k, 1, a, lda, b, ldb, beta, c, ldc);
+}
+
 void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, long n, long c,
                   long h, long w, long out, long k, long pad, float *cols) {
 	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1, ohw = oh * ow, ckk = c * k * k;
@@ -174,7 +181,7 @@ void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, 
 			const float b = bias[o];
 			for (long p = 0; p < ohw; p++) r[p] = b;
 		}
-		qvd_sgemm(0, 0, out, ohw, ckk, 1, wt, ckk, cols, ohw, 1, ys, ohw);
+		conv_gemm(0, 0, out, ohw, ckk, wt, ckk, cols, ohw, 1, ys, ohw);
 	}
 }
 
@@ -185,11 +192,13 @@ void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float 
 		const float *dys = dy + s * out * ohw;
 		if (dw) {
 			qvd_im2col(cols, ohw, x + s * c * h * w, c, h, w, k, pad);
-			qvd_sgemm(0, 1, out, ckk, ohw, 1, dys, ohw, cols, ohw, 1, dw, ckk);
+			// Through colsᵀ, in dcols (free until the input gradient's product).
+			if (!qvd_sgemm512_nt(out, ckk, ohw, dys, ohw, cols, ohw, 1, dw, ckk, dcols))
+				qvd_sgemm(0, 1, out, ckk, ohw, 1, dys, ohw, cols, ohw, 1, dw, ckk);
 		}
 		if (db) qvd_sum_rows(db, dys, out, ohw, 1);
 		if (dx) {
-			qvd_sgemm(1, 0, ckk, ohw, out, 1, wt, ckk, dys, ohw, 0, dcols, ohw);
+			conv_gemm(1, 0, ckk, ohw, out, wt, ckk, dys, ohw, 0, dcols, ohw);
 			qvd_col2im(dx + s * c * h * w, dcols, ohw, c, h, w, k, pad);
 		}
 	}

@@ -10,6 +10,18 @@
 void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, const float *a, long lda,
                const float *b, long ldb, float beta, float *c, long ldc);
 
+// C (m×n) = beta·C + op(A)·op(B) with AVX-512 register-blocked kernels (gemm512.c), for the
+// small products of a convolution; alpha is 1, beta 0 or 1, and B is not transposed (see
+// qvd_sgemm512_nt). Returns 0, touching nothing, where it does not apply (no AVX-512F, another
+// beta, transB, QVD_CONV_GEMM=blas): the caller then uses qvd_sgemm.
+int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
+                 float beta, float *c, long ldc);
+
+// C (m×n) = beta·C + A·Bᵀ with B n×k, through Bᵀ written into scratch (k·n floats) and the
+// NN kernel: faster than dot products when k is large. Returns 0 where qvd_sgemm512 would.
+int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
+                    long ldc, float *scratch);
+
 // One sample of a stride-1 convolution's unfolding (Caffe's im2col): cols is (c·k·k) rows of
 // oh·ow output pixels, row (ch, ki, kj) starting ld elements after the one before; zero where
 // the window hangs over the padding.

@@ -1,0 +1,132 @@
+#include "kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// Register-blocked AVX-512 products for the convolutions' per-sample GEMMs.
+//
+// The convolutions multiply small matrices that sit in the core's caches (the shipped CNN's
+// second layer: 64×288 weights by 288×196 columns). OpenBLAS runs them with the kernels
+// OPENBLAS_CORETYPE names, AVX2 where the environment pins Haswell, at about half of what
+// the AVX-512 units give on such shapes; these kernels use AVX-512 whatever OpenBLAS was
+// told. They need no packing: B's rows are read in
+// place, the tiles small enough that a block of B stays in L1 while the rows of A stream by;
+// A·Bᵀ (the weight gradient) goes through a transposed copy of B, which costs less than the
+// horizontal sums of dot products would.
+// The summation order depends on the shapes only, never on threads or alignment.
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define T512 __attribute__((target("avx512f")))
+#define INL __attribute__((always_inline)) inline
+
+static int gemm512_on(void) {
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("QVD_CONV_GEMM");
+		v = __builtin_cpu_supports("avx512f") && !(e && strcmp(e, "blas") == 0);
+	}
+	return v;
+}
+
+T512 static INL __mmask16 mask16(long n) {
+	return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+// nn_tile: rows [0, mr) × columns [0, 32) of C (columns masked by m0, m1) += A·B, where A's
+// element (i, kk) is a[i·si + kk·sk] (NN: si = lda, sk = 1; TN: si = 1, sk = lda) and B is
+// row-major. Eight rows by two vectors: 16 accumulators, 2 loads and 8 broadcasts per 16 FMAs.
+#define MR 8
+T512 static INL void nn_tile(const int mr, long k, const float *a, long si, long sk, const float *b, long ldb,
+                             float *c, long ldc, __mmask16 m0, __mmask16 m1, int beta) {
+	__m512 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
+	for (int r = 0; r < MR; r++)
+		if (r < mr) acc0[r] = acc1[r] = _mm512_setzero_ps();
+	for (long kk = 0; kk < k; kk++) {
+		const float *br = b + kk * ldb;
+		const __m512 b0 = _mm512_maskz_loadu_ps(m0, br), b1 = _mm512_maskz_loadu_ps(m1, br + 16);
+		const float *ak = a + kk * sk;
+#pragma GCC unroll 8
+		for (int r = 0; r < MR; r++)
+			if (r < mr) {
+				const __m512 av = _mm512_set1_ps(ak[r * si]);
+				acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+				acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+			}
+	}
+#pragma GCC unroll 8
+	for (int r = 0; r < MR; r++)
+		if (r < mr) {
+			float *cr = c + r * ldc;
+			if (beta) {
+				acc0[r] = _mm512_add_ps(acc0[r], _mm512_maskz_loadu_ps(m0, cr));
+				acc1[r] = _mm512_add_ps(acc1[r], _mm512_maskz_loadu_ps(m1, cr + 16));
+			}
+			_mm512_mask_storeu_ps(cr, m0, acc0[r]);
+			_mm512_mask_storeu_ps(cr + 16, m1, acc1[r]);
+		}
+}
+
+T512 static void nn(long m, long n, long k, const float *a, long si, long sk, const float *b, long ldb, float *c,
+                    long ldc, int beta) {
+	for (long j = 0; j < n; j += 32) {
+		const __mmask16 m0 = mask16(n - j), m1 = mask16(n - j - 16);
+		for (long i = 0; i < m; i += MR) {
+			const float *ai = a + i * si;
+			float *ci = c + i * ldc + j;
+			switch (m - i >= MR ? MR : m - i) {
+			case 8: nn_tile(8, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 7: nn_tile(7, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 6: nn_tile(6, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 5: nn_tile(5, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 4: nn_tile(4, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 3: nn_tile(3, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 2: nn_tile(2, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			default: nn_tile(1, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			}
+		}
+	}
+}
+
+// transpose writes dst[j·ldd + i] = src[i·lds + j] for a rows × cols block, 16 × 16 tiles at a
+// time so that both sides stay within a few cache lines.
+static void transpose(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
+	for (long i0 = 0; i0 < rows; i0 += 16)
+		for (long j0 = 0; j0 < cols; j0 += 16) {
+			const long i1 = i0 + 16 < rows ? i0 + 16 : rows, j1 = j0 + 16 < cols ? j0 + 16 : cols;
+			for (long j = j0; j < j1; j++)
+				for (long i = i0; i < i1; i++) dst[j * ldd + i] = src[i * lds + j];
+		}
+}
+
+int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
+                    long ldc, float *scratch) {
+	if (!gemm512_on() || (beta != 0 && beta != 1) || m <= 0 || n <= 0 || k <= 0) return 0;
+	transpose(scratch, n, b, ldb, n, k); // Bᵀ: k × n
+	nn(m, n, k, a, lda, 1, scratch, n, c, ldc, beta != 0);
+	return 1;
+}
+
+int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
+                 float beta, float *c, long ldc) {
+	if (!gemm512_on() || (beta != 0 && beta != 1) || transB || m <= 0 || n <= 0 || k <= 0) return 0;
+	if (transA) nn(m, n, k, a, 1, lda, b, ldb, c, ldc, beta != 0);
+	else nn(m, n, k, a, lda, 1, b, ldb, c, ldc, beta != 0);
+	return 1;
+}
+
+#else
+
+int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
+                 float beta, float *c, long ldc) {
+	return 0;
+}
+
+int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
+                    long ldc, float *scratch) {
+	return 0;
+}
+
+#endif

@@ -1,0 +1,184 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// The convolutions' AVX-512 products agree with OpenBLAS on every form they take, on the
+// shipped CNN's shapes and on ragged ones (tails of rows, columns and k in every tile), with
+// leading dimensions wider than the matrices, and write nothing outside C's block.
+func TestSgemm512MatchesBLAS(t *testing.T) {
+	cases := []struct {
+		transA, transB bool
+		m, n, k        int
+	}{
+		{false, false, 64, 196, 288}, // conv2 forward
+		{true, false, 288, 196, 64},  // conv2 input gradient
+		{false, true, 64, 288, 196},  // conv2 weight gradient
+		{false, false, 32, 784, 9},   // conv1 forward
+		{false, true, 32, 9, 784},    // conv1 weight gradient
+		{false, false, 1, 1, 1},
+		{false, false, 7, 33, 17},
+		{false, false, 9, 16, 3},
+		{false, false, 17, 47, 31},
+		{true, false, 13, 31, 5},
+		{true, false, 8, 32, 16},
+		{false, true, 1, 1, 1},
+		{false, true, 5, 7, 15},
+		{false, true, 6, 3, 33},
+		{false, true, 9, 13, 200},
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	for _, c := range cases {
+		for _, beta := range []float32{0, 1} {
+			name := fmt.Sprintf("transA=%v,transB=%v,%dx%dx%d,beta=%v", c.transA, c.transB, c.m, c.n, c.k, beta)
+			t.Run(name, func(t *testing.T) {
+				ar, ac := c.m, c.k
+				if c.transA {
+					ar, ac = c.k, c.m
+				}
+				br, bc := c.k, c.n
+				if c.transB {
+					br, bc = c.n, c.k
+				}
+				lda, ldb, ldc := ac+3, bc+5, c.n+7
+				a, b := fill(ar*lda), fill(br*ldb)
+				c0 := fill(c.m * ldc)
+				got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
+				var ran bool
+				if c.transB { // through a transposed copy of B
+					ran = sgemm512NT(c.m, c.n, c.k, a, lda, b, ldb, beta, got, ldc, make([]float32, c.n*c.k))
+				} else {
+					ran = sgemm512(c.transA, false, c.m, c.n, c.k, a, lda, b, ldb, beta, got, ldc)
+				}
+				if !ran {
+					t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas): the convolutions use OpenBLAS")
+				}
+				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
+				check(t, c.m, c.n, c.k, ldc, got, want, c0)
+			})
+		}
+	}
+}
+
+// check compares C's m×n block (leading dimension ldc) with OpenBLAS's, and the columns
+// past n with what they held before.
+func check(t *testing.T, m, n, k, ldc int, got, want, c0 []float32) {
+	t.Helper()
+	for i := range m {
+		for j := range ldc {
+			g, w := got[i*ldc+j], want[i*ldc+j]
+			if j >= n {
+				if g != c0[i*ldc+j] {
+					t.Fatalf("C[%d,%d] outside the %d columns was written: %v, was %v", i, j, n, g, c0[i*ldc+j])
+				}
+				continue
+			}
+			// Summation orders differ: allow a few ulps of the sum of |terms|.
+			tol := 1e-5 * (math.Sqrt(float64(k))*2 + 1)
+			if d := math.Abs(float64(g - w)); d > tol {
+				t.Fatalf("C[%d,%d] = %v, OpenBLAS gives %v (|diff| %.3g > %.3g)", i, j, g, w, d, tol)
+			}
+		}
+	}
+}
+
+// A wrong kernel does not pass: the comparison catches a product with one term left out.
+func TestSgemm512ComparisonCatches(t *testing.T) {
+	const m, n, k = 8, 32, 16
+	a, b := make([]float32, m*k), make([]float32, k*n)
+	for i := range a {
+		a[i] = 1
+	}
+	for i := range b {
+		b[i] = 1
+	}
+	got := make([]float32, m*n)
+	if !sgemm512(false, false, m, n, k, a, k, b, n, 0, got, n) {
+		t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas)")
+	}
+	for i, v := range got {
+		if v != k {
+			t.Fatalf("C[%d] = %v, want %d", i, v, k)
+		}
+	}
+	b[3*n+5] = 0 // one term of column 5 gone
+	sgemm512(false, false, m, n, k, a, k, b, n, 0, got, n)
+	if got[5] != k-1 || got[4] != k {
+		t.Fatalf("with B[3,5] = 0: C[0,5] = %v (want %d), C[0,4] = %v (want %d)", got[5], k-1, got[4], k)
+	}
+}
+
+// BenchmarkConvGEMM compares the AVX-512 kernels with OpenBLAS (the kernels
+// OPENBLAS_CORETYPE selects) on the shipped CNN's per-sample products, one thread.
+func BenchmarkConvGEMM(b *testing.B) {
+	shapes := []struct {
+		name           string
+		transA, transB bool
+		m, n, k        int
+	}{
+		{"conv2-forward", false, false, 64, 196, 288},
+		{"conv2-input-grad", true, false, 288, 196, 64},
+		{"conv2-weight-grad", false, true, 64, 288, 196},
+		{"conv1-forward", false, false, 32, 784, 9},
+		{"conv1-weight-grad", false, true, 32, 9, 784},
+	}
+	for _, s := range shapes {
+		ar, ac := s.m, s.k
+		if s.transA {
+			ar, ac = s.k, s.m
+		}
+		br, bc := s.k, s.n
+		if s.transB {
+			br, bc = s.n, s.k
+		}
+		a, bm, c := make([]float32, ar*ac), make([]float32, br*bc), make([]float32, s.m*s.n)
+		for i := range a {
+			a[i] = float32(i%7) * 0.1
+		}
+		for i := range bm {
+			bm[i] = float32(i%5) * 0.1
+		}
+		flops := 2 * float64(s.m*s.n*s.k)
+		b.Run(s.name+"/avx512", func(b *testing.B) {
+			if s.transB {
+				b.Skip("A·Bᵀ runs through a transposed copy: avx512-transposed")
+			}
+			if !sgemm512(s.transA, s.transB, s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n) {
+				b.Skip("no AVX-512F")
+			}
+			for b.Loop() {
+				sgemm512(s.transA, s.transB, s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n)
+			}
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+		if s.transB {
+			scratch := make([]float32, s.n*s.k)
+			b.Run(s.name+"/avx512-transposed", func(b *testing.B) {
+				if !sgemm512NT(s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n, scratch) {
+					b.Skip("no AVX-512F")
+				}
+				for b.Loop() {
+					sgemm512NT(s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n, scratch)
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+		b.Run(s.name+"/openblas", func(b *testing.B) {
+			for b.Loop() {
+				sgemmBLAS(s.transA, s.transB, s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n)
+			}
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
