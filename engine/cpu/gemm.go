@@ -168,3 +168,9 @@ func sgemm512NT(m, n, k int, a []float32, lda int, b []float32, ldb int, beta fl
 	return C.qvd_sgemm512_nt(C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda), fptr(b), C.long(ldb), C.float(beta),
 		fptr(c), C.long(ldc), fptr(scratch)) != 0
 }
+
+// sgemm512Bias is qvd_sgemm512_bias (C = A·B + bias per row).
+func sgemm512Bias(m, n, k int, a []float32, lda int, b []float32, ldb int, bias, c []float32, ldc int) bool {
+	return C.qvd_sgemm512_bias(C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda), fptr(b), C.long(ldb), fptr(bias),
+		fptr(c), C.long(ldc)) != 0
+}

@@ -36,14 +36,14 @@ T512 static INL __mmask16 mask16(long n) {
 
 // nn_tile: rows [0, mr) × columns [0, 32) of C (columns masked by m0, m1) += A·B, where A's
 // element (i, kk) is a[i·si + kk·sk] (NN: si = lda, sk = 1; TN: si = 1, sk = lda) and B is
-// row-major. Eight rows by two vectors: 16 accumulators, 2 loads and 8 broadcasts per 16 FMAs.
+// row-major; bias, if not NULL, is added to each row (bias[r] to row r). Eight rows by two vectors: 16 accumulators, 2 loads and 8 broadcasts per 16 FMAs.
 #define MR 8
 T512 static INL void nn_tile(const int mr, long k, const float *a, long si, long sk, const float *b, long ldb,
-                             float *c, long ldc, __mmask16 m0, __mmask16 m1, int beta) {
+                             float *c, long ldc, __mmask16 m0, __mmask16 m1, int beta, const float *bias) {
 	__m512 acc0[MR], acc1[MR];
 #pragma GCC unroll 8
 	for (int r = 0; r < MR; r++)
-		if (r < mr) acc0[r] = acc1[r] = _mm512_setzero_ps();
+		if (r < mr) acc0[r] = acc1[r] = bias ? _mm512_set1_ps(bias[r]) : _mm512_setzero_ps();
 	for (long kk = 0; kk < k; kk++) {
 		const float *br = b + kk * ldb;
 		const __m512 b0 = _mm512_maskz_loadu_ps(m0, br), b1 = _mm512_maskz_loadu_ps(m1, br + 16);
@@ -70,31 +70,66 @@ T512 static INL void nn_tile(const int mr, long k, const float *a, long si, long
 }
 
 T512 static void nn(long m, long n, long k, const float *a, long si, long sk, const float *b, long ldb, float *c,
-                    long ldc, int beta) {
+                    long ldc, int beta, const float *bias) {
 	for (long j = 0; j < n; j += 32) {
 		const __mmask16 m0 = mask16(n - j), m1 = mask16(n - j - 16);
 		for (long i = 0; i < m; i += MR) {
 			const float *ai = a + i * si;
 			float *ci = c + i * ldc + j;
+			const float *bi = bias ? bias + i : NULL;
 			switch (m - i >= MR ? MR : m - i) {
-			case 8: nn_tile(8, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			case 7: nn_tile(7, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			case 6: nn_tile(6, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			case 5: nn_tile(5, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			case 4: nn_tile(4, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			case 3: nn_tile(3, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			case 2: nn_tile(2, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
-			default: nn_tile(1, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta); break;
+			case 8: nn_tile(8, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			case 7: nn_tile(7, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			case 6: nn_tile(6, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			case 5: nn_tile(5, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			case 4: nn_tile(4, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			case 3: nn_tile(3, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			case 2: nn_tile(2, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
+			default: nn_tile(1, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
 			}
 		}
 	}
 }
 
-// transpose writes dst[j·ldd + i] = src[i·lds + j] for a rows × cols block, 16 × 16 tiles at a
-// time so that both sides stay within a few cache lines.
-static void transpose(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
+// tr16 transposes one 16 × 16 tile: dst row j = src column j. Pairs of rows are interleaved
+// by 32 and then 64 bits, which leaves each 128-bit lane holding one column of four rows; a
+// 4 × 4 transpose of those lanes finishes it.
+T512 static INL void tr16(float *dst, long ldd, const float *src, long lds) {
+	__m512 r[16], t[16];
+	for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+	for (int i = 0; i < 8; i++) {
+		t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+		t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+	}
+	// u[4g + c], lane L: column 4L + c of rows 4g .. 4g+3.
+	__m512 u[16];
+	for (int g = 0; g < 4; g++)
+		for (int h = 0; h < 2; h++) {
+			const __m512d x = _mm512_castps_pd(t[4 * g + h]), y = _mm512_castps_pd(t[4 * g + h + 2]);
+			u[4 * g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+			u[4 * g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+		}
+	for (int c = 0; c < 4; c++) {
+		const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(1, 0, 1, 0));
+		const __m512 x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 2, 3, 2));
+		const __m512 x2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(1, 0, 1, 0));
+		const __m512 x3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 2, 3, 2));
+		_mm512_storeu_ps(dst + (0 + c) * ldd, _mm512_shuffle_f32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0)));
+		_mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1)));
+		_mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0)));
+		_mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1)));
+	}
+}
+
+// transpose writes dst[j·ldd + i] = src[i·lds + j] for a rows × cols block: whole 16 × 16
+// tiles in registers, the edges element by element.
+T512 static void transpose(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
 	for (long i0 = 0; i0 < rows; i0 += 16)
 		for (long j0 = 0; j0 < cols; j0 += 16) {
+			if (i0 + 16 <= rows && j0 + 16 <= cols) {
+				tr16(dst + j0 * ldd + i0, ldd, src + i0 * lds + j0, lds);
+				continue;
+			}
 			const long i1 = i0 + 16 < rows ? i0 + 16 : rows, j1 = j0 + 16 < cols ? j0 + 16 : cols;
 			for (long j = j0; j < j1; j++)
 				for (long i = i0; i < i1; i++) dst[j * ldd + i] = src[i * lds + j];
@@ -105,15 +140,22 @@ int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const floa
                     long ldc, float *scratch) {
 	if (!gemm512_on() || (beta != 0 && beta != 1) || m <= 0 || n <= 0 || k <= 0) return 0;
 	transpose(scratch, n, b, ldb, n, k); // Bᵀ: k × n
-	nn(m, n, k, a, lda, 1, scratch, n, c, ldc, beta != 0);
+	nn(m, n, k, a, lda, 1, scratch, n, c, ldc, beta != 0, NULL);
+	return 1;
+}
+
+int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,
+                      float *c, long ldc) {
+	if (!gemm512_on() || m <= 0 || n <= 0 || k <= 0) return 0;
+	nn(m, n, k, a, lda, 1, b, ldb, c, ldc, 0, bias);
 	return 1;
 }
 
 int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
                  float beta, float *c, long ldc) {
 	if (!gemm512_on() || (beta != 0 && beta != 1) || transB || m <= 0 || n <= 0 || k <= 0) return 0;
-	if (transA) nn(m, n, k, a, 1, lda, b, ldb, c, ldc, beta != 0);
-	else nn(m, n, k, a, lda, 1, b, ldb, c, ldc, beta != 0);
+	if (transA) nn(m, n, k, a, 1, lda, b, ldb, c, ldc, beta != 0, NULL);
+	else nn(m, n, k, a, lda, 1, b, ldb, c, ldc, beta != 0, NULL);
 	return 1;
 }
 
@@ -126,6 +168,11 @@ int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a,
 
 int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
                     long ldc, float *scratch) {
+	return 0;
+}
+
+int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,
+                      float *c, long ldc) {
 	return 0;
 }
 

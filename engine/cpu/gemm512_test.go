@@ -30,6 +30,7 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 		{false, true, 5, 7, 15},
 		{false, true, 6, 3, 33},
 		{false, true, 9, 13, 200},
+		{false, true, 33, 40, 50}, // whole 16 × 16 tiles of the transpose and edges on both sides
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	fill := func(n int) []float32 {
@@ -65,6 +66,21 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 					t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas): the convolutions use OpenBLAS")
 				}
 				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
+				check(t, c.m, c.n, c.k, ldc, got, want, c0)
+				if c.transA || c.transB || beta != 0 {
+					return
+				}
+				// With a bias per row (a convolution's forward pass): A·B + bias.
+				bias := fill(c.m)
+				got = append(got[:0], c0...)
+				if !sgemm512Bias(c.m, c.n, c.k, a, lda, b, ldb, bias, got, ldc) {
+					t.Fatal("sgemm512Bias declined a product sgemm512 ran")
+				}
+				for i := range c.m {
+					for j := range c.n {
+						want[i*ldc+j] += bias[i]
+					}
+				}
 				check(t, c.m, c.n, c.k, ldc, got, want, c0)
 			})
 		}

@@ -175,13 +175,14 @@ void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, 
 	for (long s = 0; s < n; s++) {
 		float *ys = y + s * out * ohw;
 		qvd_im2col(cols, ohw, x + s * c * h * w, c, h, w, k, pad);
+		if (qvd_sgemm512_bias(out, ohw, ckk, wt, ckk, cols, ohw, bias, ys, ohw)) continue;
 		// The bias first, then the product added onto it (beta 1): one pass over y less.
 		for (long o = 0; o < out; o++) {
 			float *r = ys + o * ohw;
 			const float b = bias[o];
 			for (long p = 0; p < ohw; p++) r[p] = b;
 		}
-		conv_gemm(0, 0, out, ohw, ckk, wt, ckk, cols, ohw, 1, ys, ohw);
+		qvd_sgemm(0, 0, out, ohw, ckk, 1, wt, ckk, cols, ohw, 1, ys, ohw);
 	}
 }
 

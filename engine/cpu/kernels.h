@@ -22,6 +22,11 @@ int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a,
 int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
                     long ldc, float *scratch);
 
+// C (m×n) = A·B + bias[row] (a convolution's output with its bias), without a pass over C for
+// the bias. Returns 0 where qvd_sgemm512 would.
+int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,
+                      float *c, long ldc);
+
 // One sample of a stride-1 convolution's unfolding (Caffe's im2col): cols is (c·k·k) rows of
 // oh·ow output pixels, row (ch, ki, kj) starting ld elements after the one before; zero where
 // the window hangs over the padding.
