@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"github.com/qvd/qvd/engine"
+	"github.com/qvd/qvd/internal/vec"
 )
 
 // Convolutions run one sample at a time: the sample is unfolded into C·K·K × OH·OW columns
@@ -35,6 +36,7 @@ func convChunks(n int) (chunks, per int) {
 type convLayout struct {
 	chunks, per          int
 	colsOff, threadCols  int // per thread: cols and dcols, threadCols elements each
+	tOff, threadT        int // per thread: dyᵀ and the transposed weight gradient
 	dwOff, dbOff         int // per chunk partials (backward)
 	xOff, yOff, dxOff    int // fp32 copies for half-precision activations
 	wOff, bOff, dwAllOff int
@@ -50,6 +52,8 @@ func (d *Device) convLayout(s engine.ConvShape, t engine.DType) convLayout {
 	at := 0
 	take := func(n int) int { o := at; at += n; return o }
 	l.colsOff = take(2 * d.threads * l.threadCols)
+	l.threadT = s.Out * (s.OH()*s.OW() + ckk)
+	l.tOff = take(d.threads * l.threadT)
 	l.dwOff = take(l.chunks * nw)
 	l.dbOff = take(l.chunks * s.Out)
 	if t != engine.F32 {
@@ -60,7 +64,7 @@ func (d *Device) convLayout(s engine.ConvShape, t engine.DType) convLayout {
 	return l
 }
 
-// ConvWorkspace is fp32 scratch for the per-thread unfoldings, the per-chunk gradient
+// ConvWorkspace is fp32 scratch for the per-thread unfoldings and transposes, the per-chunk gradient
 // partials and, with half-precision activations, fp32 copies of the operands.
 func (d *Device) ConvWorkspace(s engine.ConvShape, t engine.DType) (int, engine.DType) {
 	return d.convLayout(s, t).total, engine.F32
@@ -82,6 +86,7 @@ func (p *convPass) Range(lo, hi int) {
 	s, l := p.s, p.l
 	cols := p.ws[l.colsOff+2*slot*l.threadCols:]
 	dcols := cols[l.threadCols:]
+	tws := p.ws[l.tOff+slot*l.threadT:]
 	nx1, ny1 := s.C*s.H*s.W, s.Out*s.OH()*s.OW()
 	nw := s.Out * s.C * s.K * s.K
 	for ch := lo; ch < hi; ch++ {
@@ -111,7 +116,7 @@ func (p *convPass) Range(lo, hi int) {
 			dx = fptr(p.dx[s0*nx1:])
 		}
 		C.qvd_conv_bwd(dx, dw, db, fptr(p.y[s0*ny1:]), fptr(x), fptr(p.w), n, C.long(s.C), C.long(s.H), C.long(s.W),
-			C.long(s.Out), C.long(s.K), C.long(s.Pad), fptr(cols), fptr(dcols))
+			C.long(s.Out), C.long(s.K), C.long(s.Pad), fptr(cols), fptr(dcols), fptr(tws))
 	}
 }
 
@@ -223,16 +228,24 @@ func (d *Device) Conv2DBackward(dx, dw, db, dy, x, w, ws engine.Buf, s engine.Co
 	if s.N > 0 {
 		d.runConv(p)
 	}
-	// The chunks' partial sums, added in chunk order.
+	// The chunks' partial sums, added in chunk order into the first chunk's (a vector add per
+	// chunk: the same sums, element by element, as a loop over the chunks would make).
 	sum := func(dst engine.Buf, off, size int) {
 		out := d.target(dst, 3, beta != 0)
 		if out == nil {
 			return
 		}
+		var acc []float32
+		if l.chunks > 0 {
+			acc = W[off : off+size]
+			for ch := 1; ch < l.chunks; ch++ {
+				vec.Add(acc, W[off+ch*size:off+(ch+1)*size])
+			}
+		}
 		for i := range out {
 			v := float32(0)
-			for ch := 0; ch < l.chunks; ch++ {
-				v += W[off+ch*size+i]
+			if acc != nil {
+				v = acc[i]
 			}
 			if beta != 0 {
 				v += beta * out[i]

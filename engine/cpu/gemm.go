@@ -163,10 +163,9 @@ func sgemmBLAS(transA, transB bool, m, n, k int, a []float32, lda int, b []float
 		fptr(b), C.long(ldb), C.float(beta), fptr(c), C.long(ldc))
 }
 
-// sgemm512NT is qvd_sgemm512_nt (A·Bᵀ through a transposed copy of B in scratch).
-func sgemm512NT(m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int, scratch []float32) bool {
-	return C.qvd_sgemm512_nt(C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda), fptr(b), C.long(ldb), C.float(beta),
-		fptr(c), C.long(ldc), fptr(scratch)) != 0
+// transpose512 is qvd_transpose512: dst[j·ldd + i] = src[i·lds + j] for a rows × cols block.
+func transpose512(dst []float32, ldd int, src []float32, lds, rows, cols int) {
+	C.qvd_transpose512(fptr(dst), C.long(ldd), fptr(src), C.long(lds), C.long(rows), C.long(cols))
 }
 
 // sgemm512Bias is qvd_sgemm512_bias (C = A·B + bias per row).

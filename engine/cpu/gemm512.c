@@ -10,9 +10,10 @@
 // OPENBLAS_CORETYPE names, AVX2 where the environment pins Haswell, at about half of what
 // the AVX-512 units give on such shapes; these kernels use AVX-512 whatever OpenBLAS was
 // told. They need no packing: B's rows are read in
-// place, the tiles small enough that a block of B stays in L1 while the rows of A stream by;
-// A·Bᵀ (the weight gradient) goes through a transposed copy of B, which costs less than the
-// horizontal sums of dot products would.
+// place, the tiles small enough that a block of B stays in L1 while the rows of A stream by.
+// The weight gradient, dy·colsᵀ, is computed transposed, cols·dyᵀ: that transposes dy (out ×
+// oh·ow) rather than the unfolding (c·k·k × oh·ow, 4.5× larger on the CNN's second layer),
+// and gives the product the output channels as its columns (whole vectors for 32 and 64).
 // The summation order depends on the shapes only, never on threads or alignment.
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -136,12 +137,10 @@ T512 static void transpose(float *dst, long ldd, const float *src, long lds, lon
 		}
 }
 
-int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
-                    long ldc, float *scratch) {
-	if (!gemm512_on() || (beta != 0 && beta != 1) || m <= 0 || n <= 0 || k <= 0) return 0;
-	transpose(scratch, n, b, ldb, n, k); // Bᵀ: k × n
-	nn(m, n, k, a, lda, 1, scratch, n, c, ldc, beta != 0, NULL);
-	return 1;
+int qvd_gemm512_on(void) { return gemm512_on(); }
+
+void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
+	transpose(dst, ldd, src, lds, rows, cols);
 }
 
 int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,
@@ -166,9 +165,11 @@ int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a,
 	return 0;
 }
 
-int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
-                    long ldc, float *scratch) {
-	return 0;
+int qvd_gemm512_on(void) { return 0; }
+
+void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
+	for (long i = 0; i < rows; i++)
+		for (long j = 0; j < cols; j++) dst[j * ldd + i] = src[i * lds + j];
 }
 
 int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,

@@ -30,7 +30,9 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 		{false, true, 5, 7, 15},
 		{false, true, 6, 3, 33},
 		{false, true, 9, 13, 200},
-		{false, true, 33, 40, 50}, // whole 16 × 16 tiles of the transpose and edges on both sides
+		{false, true, 33, 40, 50},    // whole 16 × 16 tiles of the transpose and edges on both sides
+		{false, false, 288, 64, 196}, // conv2 weight gradient, transposed: cols · dyᵀ
+		{false, false, 9, 32, 784},   // conv1 weight gradient, transposed
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	fill := func(n int) []float32 {
@@ -56,13 +58,12 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 				a, b := fill(ar*lda), fill(br*ldb)
 				c0 := fill(c.m * ldc)
 				got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
-				var ran bool
-				if c.transB { // through a transposed copy of B
-					ran = sgemm512NT(c.m, c.n, c.k, a, lda, b, ldb, beta, got, ldc, make([]float32, c.n*c.k))
-				} else {
-					ran = sgemm512(c.transA, false, c.m, c.n, c.k, a, lda, b, ldb, beta, got, ldc)
+				bb, ldbb := b, ldb
+				if c.transB { // the kernels take B itself: through Bᵀ, as the weight gradient does
+					bb, ldbb = make([]float32, c.k*c.n), c.n
+					transpose512(bb, ldbb, b, ldb, c.n, c.k)
 				}
-				if !ran {
+				if !sgemm512(c.transA, false, c.m, c.n, c.k, a, lda, bb, ldbb, beta, got, ldc) {
 					t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas): the convolutions use OpenBLAS")
 				}
 				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
@@ -146,6 +147,8 @@ func BenchmarkConvGEMM(b *testing.B) {
 		{"conv2-forward", false, false, 64, 196, 288},
 		{"conv2-input-grad", true, false, 288, 196, 64},
 		{"conv2-weight-grad", false, true, 64, 288, 196},
+		{"conv2-weight-grad-transposed", false, false, 288, 64, 196}, // what the kernels run
+		{"conv1-weight-grad-transposed", false, false, 9, 32, 784},
 		{"conv1-forward", false, false, 32, 784, 9},
 		{"conv1-weight-grad", false, true, 32, 9, 784},
 	}
@@ -168,7 +171,7 @@ func BenchmarkConvGEMM(b *testing.B) {
 		flops := 2 * float64(s.m*s.n*s.k)
 		b.Run(s.name+"/avx512", func(b *testing.B) {
 			if s.transB {
-				b.Skip("A·Bᵀ runs through a transposed copy: avx512-transposed")
+				b.Skip("the kernels compute the weight gradient transposed: see *-transposed")
 			}
 			if !sgemm512(s.transA, s.transB, s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n) {
 				b.Skip("no AVX-512F")
@@ -178,23 +181,39 @@ func BenchmarkConvGEMM(b *testing.B) {
 			}
 			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
-		if s.transB {
-			scratch := make([]float32, s.n*s.k)
-			b.Run(s.name+"/avx512-transposed", func(b *testing.B) {
-				if !sgemm512NT(s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n, scratch) {
-					b.Skip("no AVX-512F")
-				}
-				for b.Loop() {
-					sgemm512NT(s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n, scratch)
-				}
-				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			})
-		}
 		b.Run(s.name+"/openblas", func(b *testing.B) {
 			for b.Loop() {
 				sgemmBLAS(s.transA, s.transB, s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n)
 			}
 			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
+	}
+}
+
+// transpose512 matches the definition on ragged shapes: whole tiles, edges and both.
+func TestTranspose512(t *testing.T) {
+	for _, sh := range [][2]int{{1, 1}, {16, 16}, {17, 33}, {32, 7}, {64, 196}, {5, 40}} {
+		rows, cols := sh[0], sh[1]
+		lds, ldd := cols+3, rows+5
+		src := make([]float32, rows*lds)
+		for i := range src {
+			src[i] = float32(i)
+		}
+		dst := make([]float32, cols*ldd)
+		for i := range dst {
+			dst[i] = -1
+		}
+		transpose512(dst, ldd, src, lds, rows, cols)
+		for j := range cols {
+			for i := range ldd {
+				want := float32(-1)
+				if i < rows {
+					want = src[i*lds+j]
+				}
+				if got := dst[j*ldd+i]; got != want {
+					t.Fatalf("%dx%d: dst[%d,%d] = %v, want %v", rows, cols, j, i, got, want)
+				}
+			}
+		}
 	}
 }

@@ -187,15 +187,22 @@ void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, 
 }
 
 void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *wt,
-                  long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols) {
+                  long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols, float *tws) {
 	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1, ohw = oh * ow, ckk = c * k * k;
+	// With the AVX-512 kernels dw is summed transposed, dwT (c·k·k × out) += cols · dyᵀ, and
+	// transposed back once at the end (gemm512.c says why).
+	const int t512 = dw && qvd_gemm512_on();
+	float *dyT = tws, *dwT = tws + out * ohw;
 	for (long s = 0; s < n; s++) {
 		const float *dys = dy + s * out * ohw;
 		if (dw) {
 			qvd_im2col(cols, ohw, x + s * c * h * w, c, h, w, k, pad);
-			// Through colsᵀ, in dcols (free until the input gradient's product).
-			if (!qvd_sgemm512_nt(out, ckk, ohw, dys, ohw, cols, ohw, 1, dw, ckk, dcols))
+			if (t512) {
+				qvd_transpose512(dyT, out, dys, ohw, out, ohw);
+				qvd_sgemm512(0, 0, ckk, out, ohw, cols, ohw, dyT, out, s > 0, dwT, out);
+			} else {
 				qvd_sgemm(0, 1, out, ckk, ohw, 1, dys, ohw, cols, ohw, 1, dw, ckk);
+			}
 		}
 		if (db) qvd_sum_rows(db, dys, out, ohw, 1);
 		if (dx) {
@@ -203,6 +210,7 @@ void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float 
 			qvd_col2im(dx + s * c * h * w, dcols, ohw, c, h, w, k, pad);
 		}
 	}
+	if (t512 && n > 0) qvd_transpose512(dw, ckk, dwT, out, ckk, out);
 }
 
 MULTI void qvd_relu(float *y, const float *x, long n) {

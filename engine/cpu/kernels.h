@@ -11,16 +11,16 @@ void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, cons
                const float *b, long ldb, float beta, float *c, long ldc);
 
 // C (m×n) = beta·C + op(A)·op(B) with AVX-512 register-blocked kernels (gemm512.c), for the
-// small products of a convolution; alpha is 1, beta 0 or 1, and B is not transposed (see
-// qvd_sgemm512_nt). Returns 0, touching nothing, where it does not apply (no AVX-512F, another
+// small products of a convolution; alpha is 1, beta 0 or 1, and B is not transposed (the
+// weight gradient transposes dy instead: qvd_conv_bwd). Returns 0, touching nothing, where it does not apply (no AVX-512F, another
 // beta, transB, QVD_CONV_GEMM=blas): the caller then uses qvd_sgemm.
 int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
                  float beta, float *c, long ldc);
 
-// C (m×n) = beta·C + A·Bᵀ with B n×k, through Bᵀ written into scratch (k·n floats) and the
-// NN kernel: faster than dot products when k is large. Returns 0 where qvd_sgemm512 would.
-int qvd_sgemm512_nt(long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta, float *c,
-                    long ldc, float *scratch);
+// qvd_gemm512_on says whether qvd_sgemm512 runs (AVX-512F, and QVD_CONV_GEMM is not "blas").
+int qvd_gemm512_on(void);
+// dst[j·ldd + i] = src[i·lds + j] for a rows × cols block (16 × 16 AVX-512 tiles where it can).
+void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols);
 
 // C (m×n) = A·B + bias[row] (a convolution's output with its bias), without a pass over C for
 // the bias. Returns 0 where qvd_sgemm512 would.
@@ -40,9 +40,10 @@ void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, long w, l
 void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, long n, long c,
                   long h, long w, long out, long k, long pad, float *cols);
 // The backward pass of samples [0, n): dw += Σ dy_s · cols_sᵀ and db += Σ dy_s (either may be
-// NULL), dx_s = col2im(wᵀ · dy_s) (dx may be NULL). cols and dcols are scratch of c·k·k·oh·ow.
+// NULL), dx_s = col2im(wᵀ · dy_s) (dx may be NULL). cols and dcols are scratch of c·k·k·oh·ow,
+// tws of out·(oh·ow + c·k·k) (dw's transposed products, with the AVX-512 kernels).
 void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *wt,
-                  long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols);
+                  long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols, float *tws);
 
 // y[i] = max(x[i], 0); dx[i] = y[i] > 0 ? dy[i] : 0.
 void qvd_relu(float *y, const float *x, long n);
