@@ -6,6 +6,8 @@ package cpu
 import "C"
 
 import (
+	"unsafe"
+
 	"github.com/qvd/qvd/engine"
 )
 
@@ -172,4 +174,16 @@ func transpose512(dst []float32, ldd int, src []float32, lds, rows, cols int) {
 func sgemm512Bias(m, n, k int, a []float32, lda int, b []float32, ldb int, bias, c []float32, ldc int) bool {
 	return C.qvd_sgemm512_bias(C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda), fptr(b), C.long(ldb), fptr(bias),
 		fptr(c), C.long(ldc)) != 0
+}
+
+// convFwd512 is qvd_conv_fwd512 for one sample; false where it does not apply.
+func convFwd512(y, x, w, bias []float32, c, h, wd, out, k, pad int, scratch []float32) bool {
+	return C.qvd_conv_fwd512(fptr(y), fptr(x), fptr(w), fptr(bias), C.long(c), C.long(h), C.long(wd), C.long(out),
+		C.long(k), C.long(pad), unsafe.Pointer(&scratch[0])) != 0
+}
+
+// im2col is qvd_im2col for one sample (cols: c·k·k rows of oh·ow).
+func im2col(cols, x []float32, c, h, w, k, pad int) {
+	oh, ow := h+2*pad-k+1, w+2*pad-k+1
+	C.qvd_im2col(fptr(cols), C.long(oh*ow), fptr(x), C.long(c), C.long(h), C.long(w), C.long(k), C.long(pad))
 }

@@ -137,6 +137,87 @@ T512 static void transpose(float *dst, long ldd, const float *src, long lds, lon
 		}
 }
 
+// A tap of an implicit unfolding: where row kk of a j-block of the columns starts in the
+// input, and which of its 32 entries read inside the image (the rest are padding).
+typedef struct {
+	long off;
+	__mmask16 m0, m1;
+} tap;
+
+// fwd_tile is nn_tile with B read straight from the input: row kk of the block is the input
+// at t[kk].off, masked.
+T512 static INL void fwd_tile(const int mr, long k, const float *a, long lda, const float *x, const tap *t, float *c,
+                              long ldc, __mmask16 s0, __mmask16 s1, const float *bias) {
+	__m512 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
+	for (int r = 0; r < MR; r++)
+		if (r < mr) acc0[r] = acc1[r] = _mm512_set1_ps(bias[r]);
+	for (long kk = 0; kk < k; kk++) {
+		const float *br = x + t[kk].off;
+		const __m512 b0 = _mm512_maskz_loadu_ps(t[kk].m0, br), b1 = _mm512_maskz_loadu_ps(t[kk].m1, br + 16);
+#pragma GCC unroll 8
+		for (int r = 0; r < MR; r++)
+			if (r < mr) {
+				const __m512 av = _mm512_set1_ps(a[r * lda + kk]);
+				acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+				acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+			}
+	}
+#pragma GCC unroll 8
+	for (int r = 0; r < MR; r++)
+		if (r < mr) {
+			_mm512_mask_storeu_ps(c + r * ldc, s0, acc0[r]);
+			_mm512_mask_storeu_ps(c + r * ldc + 16, s1, acc1[r]);
+		}
+}
+
+T512 static void conv_fwd(float *y, const float *x, const float *wt, const float *bias, long c, long h, long w,
+                          long out, long k, long pad, tap *t) {
+	const long ow = w, ohw = h * w, ckk = c * k * k;
+	for (long j = 0; j < ohw; j += 32) {
+		const __mmask16 s0 = mask16(ohw - j), s1 = mask16(ohw - j - 16);
+		// The taps of this block: (ki, kj) decides which entries read padding; the channel
+		// only moves the start.
+		for (long q = 0; q < k * k; q++) {
+			const long ki = q / k, kj = q % k;
+			unsigned long bits = 0;
+			for (long e = 0; e < 32 && j + e < ohw; e++) {
+				const long oy = (j + e) / ow, ox = (j + e) % ow, iy = oy + ki - pad, ix = ox + kj - pad;
+				if (iy >= 0 && iy < h && ix >= 0 && ix < w) bits |= 1ul << e;
+			}
+			for (long ch = 0; ch < c; ch++) {
+				tap *tp = t + ch * k * k + q;
+				tp->off = ch * h * w + j + (ki - pad) * w + (kj - pad);
+				tp->m0 = (__mmask16)(bits & 0xffff);
+				tp->m1 = (__mmask16)(bits >> 16);
+			}
+		}
+		for (long i = 0; i < out; i += MR) {
+			const float *ai = wt + i * ckk;
+			float *ci = y + i * ohw + j;
+			switch (out - i >= MR ? MR : out - i) {
+			case 8: fwd_tile(8, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 7: fwd_tile(7, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 6: fwd_tile(6, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 5: fwd_tile(5, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 4: fwd_tile(4, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 3: fwd_tile(3, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 2: fwd_tile(2, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			default: fwd_tile(1, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			}
+		}
+	}
+}
+
+int qvd_conv_fwd512(float *y, const float *x, const float *wt, const float *bias, long c, long h, long w, long out,
+                    long k, long pad, void *scratch) {
+	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+	// (scratch is the unfolding's space, c·k·k·h·w floats: enough for the taps from 4 pixels on)
+	if (!gemm512_on() || oh != h || ow != w || h * w < 4 || out <= 0 || c <= 0) return 0;
+	conv_fwd(y, x, wt, bias, c, h, w, out, k, pad, scratch);
+	return 1;
+}
+
 int qvd_gemm512_on(void) { return gemm512_on(); }
 
 void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
@@ -166,6 +247,11 @@ int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a,
 }
 
 int qvd_gemm512_on(void) { return 0; }
+
+int qvd_conv_fwd512(float *y, const float *x, const float *wt, const float *bias, long c, long h, long w, long out,
+                    long k, long pad, void *scratch) {
+	return 0;
+}
 
 void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
 	for (long i = 0; i < rows; i++)

@@ -217,3 +217,68 @@ func TestTranspose512(t *testing.T) {
 		}
 	}
 }
+
+// The implicit-unfolding forward pass equals im2col followed by OpenBLAS's product plus the
+// bias, on "same"-padded shapes with image edges in every position of a 32-column block.
+func TestConvFwd512MatchesIm2col(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	for _, s := range []struct{ c, h, w, out, k int }{
+		{1, 28, 28, 32, 3}, {32, 14, 14, 64, 3}, {3, 7, 7, 5, 3}, {2, 5, 9, 9, 5}, {4, 2, 2, 3, 1}, {1, 1, 5, 2, 3}, {6, 33, 3, 17, 3},
+	} {
+		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
+			pad := (s.k - 1) / 2
+			ckk, hw := s.c*s.k*s.k, s.h*s.w
+			x, w, bias := fill(s.c*hw), fill(s.out*ckk), fill(s.out)
+			got, cols := fill(s.out*hw), make([]float32, ckk*hw)
+			if !convFwd512(got, x, w, bias, s.c, s.h, s.w, s.out, s.k, pad, cols) {
+				t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas)")
+			}
+			im2col(cols, x, s.c, s.h, s.w, s.k, pad)
+			want := make([]float32, s.out*hw)
+			for o := range s.out {
+				for p := range hw {
+					want[o*hw+p] = bias[o]
+				}
+			}
+			sgemmBLAS(false, false, s.out, hw, ckk, w, ckk, cols, hw, 1, want, hw)
+			check(t, s.out, hw, ckk, hw, got, want, nil)
+		})
+	}
+}
+
+// BenchmarkConvForward is one sample of the shipped CNN's second convolution (32 → 64
+// channels, 14 × 14, 3 × 3): the implicit unfolding against im2col and the product.
+func BenchmarkConvForward(b *testing.B) {
+	const c, h, w, out, k, pad = 32, 14, 14, 64, 3, 1
+	ckk, hw := c*k*k, h*w
+	x, wt, bias := make([]float32, c*hw), make([]float32, out*ckk), make([]float32, out)
+	y, cols := make([]float32, out*hw), make([]float32, ckk*hw)
+	for i := range x {
+		x[i] = float32(i%9) * 0.1
+	}
+	b.Run("implicit", func(b *testing.B) {
+		if !convFwd512(y, x, wt, bias, c, h, w, out, k, pad, cols) {
+			b.Skip("no AVX-512F")
+		}
+		for b.Loop() {
+			convFwd512(y, x, wt, bias, c, h, w, out, k, pad, cols)
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+	})
+	b.Run("im2col", func(b *testing.B) {
+		for b.Loop() {
+			im2col(cols, x, c, h, w, k, pad)
+			if !sgemm512Bias(out, hw, ckk, wt, ckk, cols, hw, bias, y, hw) {
+				sgemmBLAS(false, false, out, hw, ckk, wt, ckk, cols, hw, 1, y, hw)
+			}
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+	})
+}

@@ -174,6 +174,7 @@ void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, 
 	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1, ohw = oh * ow, ckk = c * k * k;
 	for (long s = 0; s < n; s++) {
 		float *ys = y + s * out * ohw;
+		if (qvd_conv_fwd512(ys, x + s * c * h * w, wt, bias, c, h, w, out, k, pad, cols)) continue;
 		qvd_im2col(cols, ohw, x + s * c * h * w, c, h, w, k, pad);
 		if (qvd_sgemm512_bias(out, ohw, ckk, wt, ckk, cols, ohw, bias, ys, ohw)) continue;
 		// The bias first, then the product added onto it (beta 1): one pass over y less.

@@ -17,6 +17,13 @@ void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, cons
 int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
                  float beta, float *c, long ldc);
 
+// One sample of a "same"-padded stride-1 convolution, y (out × h·w) = wt · im2col(x) + bias,
+// with the unfolding never written: the AVX-512 product reads each row of it from x through a
+// mask of the entries inside the image. scratch holds 16·c·k·k bytes. Returns 0, touching
+// nothing, for other paddings or where qvd_sgemm512 would.
+int qvd_conv_fwd512(float *y, const float *x, const float *wt, const float *bias, long c, long h, long w, long out,
+                    long k, long pad, void *scratch);
+
 // qvd_gemm512_on says whether qvd_sgemm512 runs (AVX-512F, and QVD_CONV_GEMM is not "blas").
 int qvd_gemm512_on(void);
 // dst[j·ldd + i] = src[i·lds + j] for a rows × cols block (16 × 16 AVX-512 tiles where it can).
