@@ -151,7 +151,7 @@ T512 static INL void fwd_tile(const int mr, long k, const float *a, long lda, co
 	__m512 acc0[MR], acc1[MR];
 #pragma GCC unroll 8
 	for (int r = 0; r < MR; r++)
-		if (r < mr) acc0[r] = acc1[r] = _mm512_set1_ps(bias[r]);
+		if (r < mr) acc0[r] = acc1[r] = bias ? _mm512_set1_ps(bias[r]) : _mm512_setzero_ps();
 	for (long kk = 0; kk < k; kk++) {
 		const float *br = x + t[kk].off;
 		const __m512 b0 = _mm512_maskz_loadu_ps(t[kk].m0, br), b1 = _mm512_maskz_loadu_ps(t[kk].m1, br + 16);
@@ -195,15 +195,16 @@ T512 static void conv_fwd(float *y, const float *x, const float *wt, const float
 		for (long i = 0; i < out; i += MR) {
 			const float *ai = wt + i * ckk;
 			float *ci = y + i * ohw + j;
+			const float *bi = bias ? bias + i : NULL;
 			switch (out - i >= MR ? MR : out - i) {
-			case 8: fwd_tile(8, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			case 7: fwd_tile(7, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			case 6: fwd_tile(6, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			case 5: fwd_tile(5, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			case 4: fwd_tile(4, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			case 3: fwd_tile(3, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			case 2: fwd_tile(2, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
-			default: fwd_tile(1, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bias + i); break;
+			case 8: fwd_tile(8, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			case 7: fwd_tile(7, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			case 6: fwd_tile(6, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			case 5: fwd_tile(5, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			case 4: fwd_tile(4, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			case 3: fwd_tile(3, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			case 2: fwd_tile(2, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
+			default: fwd_tile(1, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
 			}
 		}
 	}

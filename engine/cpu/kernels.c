@@ -194,6 +194,20 @@ void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float 
 	// transposed back once at the end (gemm512.c says why).
 	const int t512 = dw && qvd_gemm512_on();
 	float *dyT = tws, *dwT = tws + out * ohw;
+	// dx_s = Σ_{o,ki,kj} w[o,ch,ki,kj]·dy_s[o, iy−ki+pad, ix−kj+pad]: the forward convolution
+	// of dy_s (out channels) with wf[ch,o,ki',kj'] = w[o,ch,k−1−ki',k−1−kj'] and padding
+	// k−1−pad, which for "same" padding is "same" again. It reads dy in place, where the
+	// product and col2im write and then scatter the whole unfolding. wf lives in dcols (it
+	// fits where out ≤ oh·ow), the taps of qvd_conv_fwd512 in cols once dw is done with it.
+	float *wf = NULL;
+	if (dx && qvd_gemm512_on() && oh == h && ow == w && out <= ohw && 4 * out <= c * h * w) {
+		wf = dcols;
+		for (long o = 0; o < out; o++)
+			for (long ch = 0; ch < c; ch++)
+				for (long ki = 0; ki < k; ki++)
+					for (long kj = 0; kj < k; kj++)
+						wf[((ch * out + o) * k + (k - 1 - ki)) * k + (k - 1 - kj)] = wt[((o * c + ch) * k + ki) * k + kj];
+	}
 	for (long s = 0; s < n; s++) {
 		const float *dys = dy + s * out * ohw;
 		if (dw) {
@@ -207,6 +221,8 @@ void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float 
 		}
 		if (db) qvd_sum_rows(db, dys, out, ohw, 1);
 		if (dx) {
+			if (wf && qvd_conv_fwd512(dx + s * c * h * w, dys, wf, NULL, out, h, w, c, k, k - 1 - pad, cols)) continue;
+			wf = NULL; // dcols is the product's again
 			conv_gemm(1, 0, ckk, ohw, out, wt, ckk, dys, ohw, 0, dcols, ohw);
 			qvd_col2im(dx + s * c * h * w, dcols, ohw, c, h, w, k, pad);
 		}

@@ -17,7 +17,8 @@ void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, cons
 int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
                  float beta, float *c, long ldc);
 
-// One sample of a "same"-padded stride-1 convolution, y (out × h·w) = wt · im2col(x) + bias,
+// One sample of a "same"-padded stride-1 convolution, y (out × h·w) = wt · im2col(x) + bias
+// (no bias where bias is NULL),
 // with the unfolding never written: the AVX-512 product reads each row of it from x through a
 // mask of the entries inside the image. scratch holds 16·c·k·k bytes. Returns 0, touching
 // nothing, for other paddings or where qvd_sgemm512 would.
@@ -48,7 +49,9 @@ void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, 
                   long h, long w, long out, long k, long pad, float *cols);
 // The backward pass of samples [0, n): dw += Σ dy_s · cols_sᵀ and db += Σ dy_s (either may be
 // NULL), dx_s = col2im(wᵀ · dy_s) (dx may be NULL). cols and dcols are scratch of c·k·k·oh·ow,
-// tws of out·(oh·ow + c·k·k) (dw's transposed products, with the AVX-512 kernels).
+// tws of out·(oh·ow + c·k·k) (dw's transposed products, with the AVX-512 kernels). With those
+// kernels and "same" padding, dx is a convolution of dy with the flipped, transposed weights
+// (held in dcols) instead of a product and col2im.
 void qvd_conv_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *wt,
                   long n, long c, long h, long w, long out, long k, long pad, float *cols, float *dcols, float *tws);
 
