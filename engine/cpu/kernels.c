@@ -343,8 +343,13 @@ void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, l
 	}
 }
 
-void qvd_maxpool2_grad(float *dx, const float *dy, const int32_t *idx, long n, long base) {
-	for (long i = 0; i < n; i++) dx[idx[i] - base] = dy[i];
+long qvd_maxpool2_grad(float *dx, long ndx, const float *dy, const int32_t *idx, long n) {
+	for (long i = 0; i < n; i++) {
+		const int32_t j = idx[i];
+		if (j < 0 || j >= ndx) return i;
+		dx[j] = dy[i];
+	}
+	return -1;
 }
 
 long qvd_softmax_xent(float *d, float *loss, const float *z, const int32_t *labels, long rows,

@@ -68,8 +68,9 @@ void qvd_sum_rows(float *acc, const float *x, long rows, long cols, int perRow);
 // flat index of the maximum in the whole buffer, counted from base. The first maximum in
 // row-major order wins (strictly greater).
 void qvd_maxpool2(float *y, int32_t *idx, const float *x, long planes, long h, long w, long base);
-// dx[idx[i] - base] = dy[i] for i in [0, n) (dx is zeroed by the caller).
-void qvd_maxpool2_grad(float *dx, const float *dy, const int32_t *idx, long n, long base);
+// dx[idx[i]] = dy[i] for i in [0, n) (dx, of ndx elements, is zeroed by the caller). Returns
+// the first i whose index lies outside dx (the rest are not written), or -1.
+long qvd_maxpool2_grad(float *dx, long ndx, const float *dy, const int32_t *idx, long n);
 
 // Rows [0, rows) of softmax cross-entropy: loss[r] = logsumexp(z_r) − z_r[y_r] and
 // d[r] = (softmax(z_r) − onehot(y_r))·scale (d may alias z). Returns the first row whose

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"math"
+	"slices"
 
 	"github.com/qvd/qvd/engine"
 	"github.com/qvd/qvd/internal/vec"
@@ -150,7 +151,9 @@ func (u *unaryPass) Range(lo, hi int) {
 	case opClear:
 		clear(u.y[lo:hi])
 	case opScatter:
-		C.qvd_maxpool2_grad(fptr(u.y), fptr(u.g[lo:hi]), iptr(u.idx[lo:hi]), C.long(hi-lo), 0)
+		if C.qvd_maxpool2_grad(fptr(u.y), C.long(len(u.y)), fptr(u.g[lo:hi]), iptr(u.idx[lo:hi]), C.long(hi-lo)) >= 0 {
+			u.bad[(lo/u.grain)%len(u.bad)] = 1
+		}
 	case opUnscale:
 		if C.qvd_unscale_check(fptr(u.y[lo:hi]), C.long(hi-lo), C.float(u.s)) != 0 {
 			u.bad[(lo/u.grain)%len(u.bad)] = 1
@@ -305,22 +308,16 @@ func (d *Device) Col2Im(dx, cols engine.Buf, n, c, h, w, k, pad int) {
 }
 
 type poolPass struct {
-	grad    bool
 	y, x    []float32
 	idx     []int32
 	h, w    int
 	planeIn int
 }
 
-// Range pools planes [lo, hi) (forward), or routes their gradients (backward: y is dy, x dx).
+// Range pools planes [lo, hi).
 func (p *poolPass) Range(lo, hi int) {
 	oh, ow := p.h/2, p.w/2
 	in, out := p.h*p.w, oh*ow
-	if p.grad {
-		clear(p.x[lo*in : hi*in])
-		C.qvd_maxpool2_grad(fptr(p.x[lo*in:hi*in]), fptr(p.y[lo*out:hi*out]), iptr(p.idx[lo*out:hi*out]), C.long((hi-lo)*out), C.long(lo*in))
-		return
-	}
 	C.qvd_maxpool2(fptr(p.y[lo*out:hi*out]), iptr(p.idx[lo*out:hi*out]), fptr(p.x[lo*in:hi*in]), C.long(hi-lo), C.long(p.h), C.long(p.w), C.long(lo*in))
 }
 
@@ -354,18 +351,24 @@ func (d *Device) MaxPool2Grad(dx, dy, idx engine.Buf) {
 		}
 		return
 	}
-	for i, j := range I {
-		if j < 0 || int(j) >= len(DX) {
-			d.fail("maxpool2_grad: index %d of gradient %d outside %d inputs", j, i, len(DX))
-			return
-		}
-	}
 	// Each input is the maximum of at most one 2×2 window, so the scatter writes every
-	// element at most once: both passes split freely across the pool.
+	// element at most once: both passes split freely across the pool. The scatter checks the
+	// indices as it goes; the error names the first bad one.
 	d.unary = unaryPass{op: opClear, y: DX}
 	d.run(&d.unary, len(DX), elemGrain)
-	d.unary = unaryPass{op: opScatter, y: DX, g: DY, idx: I}
-	d.run(&d.unary, len(I), elemGrain)
+	u := &d.unary
+	*u = unaryPass{op: opScatter, y: DX, g: DY, idx: I, grain: elemGrain}
+	d.pool.Run(len(I), elemGrain, u)
+	bad := slices.Contains(u.bad[:], 1)
+	*u = unaryPass{}
+	if bad {
+		for i, j := range I {
+			if j < 0 || int(j) >= len(DX) {
+				d.fail("maxpool2_grad: index %d of gradient %d outside %d inputs", j, i, len(DX))
+				return
+			}
+		}
+	}
 	roundTo(DX, dx.T)
 	d.commit(dx, DX)
 }
