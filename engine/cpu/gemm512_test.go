@@ -34,14 +34,7 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 		{false, false, 288, 64, 196}, // conv2 weight gradient, transposed: cols · dyᵀ
 		{false, false, 9, 32, 784},   // conv1 weight gradient, transposed
 	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	fill := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		return x
-	}
+	fill := normals(rand.New(rand.NewPCG(1, 2)))
 	for _, c := range cases {
 		for _, beta := range []float32{0, 1} {
 			name := fmt.Sprintf("transA=%v,transB=%v,%dx%dx%d,beta=%v", c.transA, c.transB, c.m, c.n, c.k, beta)
@@ -221,14 +214,7 @@ func TestTranspose512(t *testing.T) {
 // The implicit-unfolding forward pass equals im2col followed by OpenBLAS's product plus the
 // bias, on "same"-padded shapes with image edges in every position of a 32-column block.
 func TestConvFwd512MatchesIm2col(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	fill := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		return x
-	}
+	fill := normals(rand.New(rand.NewPCG(3, 4)))
 	for _, s := range []struct{ c, h, w, out, k int }{
 		{1, 28, 28, 32, 3}, {32, 14, 14, 64, 3}, {3, 7, 7, 5, 3}, {2, 5, 9, 9, 5}, {4, 2, 2, 3, 1}, {1, 1, 5, 2, 3}, {6, 33, 3, 17, 3},
 	} {
@@ -281,4 +267,15 @@ func BenchmarkConvForward(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
 	})
+}
+
+// normals returns a maker of slices of standard normal values drawn from rng.
+func normals(rng *rand.Rand) func(n int) []float32 {
+	return func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
 }
