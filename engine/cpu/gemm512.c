@@ -9,12 +9,14 @@
 // second layer: 64×288 weights by 288×196 columns). OpenBLAS runs them with the kernels
 // OPENBLAS_CORETYPE names, AVX2 where the environment pins Haswell, at about half of what
 // the AVX-512 units give on such shapes; these kernels use AVX-512 whatever OpenBLAS was
-// told. They need no packing: B's rows are read in
-// place, the tiles small enough that a block of B stays in L1 while the rows of A stream by.
-// The weight gradient, dy·colsᵀ, is computed transposed, cols·dyᵀ: that transposes dy (out ×
-// oh·ow) rather than the unfolding (c·k·k × oh·ow, 4.5× larger on the CNN's second layer),
-// and gives the product the output channels as its columns (whole vectors for 32 and 64).
-// The summation order depends on the shapes only, never on threads or alignment.
+// told. They need no packing: B's rows are read in place, the tiles small enough that a block
+// of B stays in L1 while the rows of A stream by. A "same" convolution's forward pass reads
+// its unfolding straight from the input (qvd_conv_fwd512), and its input gradient is that
+// same kernel run over dy (qvd_conv_bwd). The weight gradient, dy·colsᵀ, is computed
+// transposed, cols·dyᵀ: that transposes dy (out × oh·ow) rather than the unfolding (c·k·k ×
+// oh·ow, 4.5× larger on the CNN's second layer), and gives the product the output channels as
+// its columns (whole vectors for 32 and 64). The summation order depends on the shapes only,
+// never on threads or alignment.
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -37,8 +39,24 @@ T512 static INL __mmask16 mask16(long n) {
 
 // nn_tile: rows [0, mr) × columns [0, 32) of C (columns masked by m0, m1) += A·B, where A's
 // element (i, kk) is a[i·si + kk·sk] (NN: si = lda, sk = 1; TN: si = 1, sk = lda) and B is
-// row-major; bias, if not NULL, is added to each row (bias[r] to row r). Eight rows by two vectors: 16 accumulators, 2 loads and 8 broadcasts per 16 FMAs.
+// row-major; bias, if not NULL, is added to each row (bias[r] to row r). Eight rows by two
+// vectors: 16 accumulators, 2 loads and 8 broadcasts per 16 FMAs.
 #define MR 8
+
+// BY_ROWS calls TILE(mr, ...) with mr the constant n (1 to MR), so that each tile height is
+// compiled with its loops unrolled and its accumulators in registers.
+#define BY_ROWS(n, TILE, ...)                                                                                         \
+	switch (n) {                                                                                                  \
+	case 8: TILE(8, __VA_ARGS__); break;                                                                          \
+	case 7: TILE(7, __VA_ARGS__); break;                                                                          \
+	case 6: TILE(6, __VA_ARGS__); break;                                                                          \
+	case 5: TILE(5, __VA_ARGS__); break;                                                                          \
+	case 4: TILE(4, __VA_ARGS__); break;                                                                          \
+	case 3: TILE(3, __VA_ARGS__); break;                                                                          \
+	case 2: TILE(2, __VA_ARGS__); break;                                                                          \
+	default: TILE(1, __VA_ARGS__); break;                                                                         \
+	}
+
 T512 static INL void nn_tile(const int mr, long k, const float *a, long si, long sk, const float *b, long ldb,
                              float *c, long ldc, __mmask16 m0, __mmask16 m1, int beta, const float *bias) {
 	__m512 acc0[MR], acc1[MR];
@@ -78,16 +96,7 @@ T512 static void nn(long m, long n, long k, const float *a, long si, long sk, co
 			const float *ai = a + i * si;
 			float *ci = c + i * ldc + j;
 			const float *bi = bias ? bias + i : NULL;
-			switch (m - i >= MR ? MR : m - i) {
-			case 8: nn_tile(8, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			case 7: nn_tile(7, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			case 6: nn_tile(6, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			case 5: nn_tile(5, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			case 4: nn_tile(4, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			case 3: nn_tile(3, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			case 2: nn_tile(2, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			default: nn_tile(1, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi); break;
-			}
+			BY_ROWS(m - i >= MR ? MR : m - i, nn_tile, k, ai, si, sk, b + j, ldb, ci, ldc, m0, m1, beta, bi)
 		}
 	}
 }
@@ -196,16 +205,7 @@ T512 static void conv_fwd(float *y, const float *x, const float *wt, const float
 			const float *ai = wt + i * ckk;
 			float *ci = y + i * ohw + j;
 			const float *bi = bias ? bias + i : NULL;
-			switch (out - i >= MR ? MR : out - i) {
-			case 8: fwd_tile(8, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			case 7: fwd_tile(7, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			case 6: fwd_tile(6, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			case 5: fwd_tile(5, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			case 4: fwd_tile(4, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			case 3: fwd_tile(3, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			case 2: fwd_tile(2, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			default: fwd_tile(1, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi); break;
-			}
+			BY_ROWS(out - i >= MR ? MR : out - i, fwd_tile, ckk, ai, ckk, x, t, ci, ohw, s0, s1, bi)
 		}
 	}
 }
