@@ -12,8 +12,9 @@ void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, cons
 
 // C (m×n) = beta·C + op(A)·op(B) with AVX-512 register-blocked kernels (gemm512.c), for the
 // small products of a convolution; alpha is 1, beta 0 or 1, and B is not transposed (the
-// weight gradient transposes dy instead: qvd_conv_bwd). Returns 0, touching nothing, where it does not apply (no AVX-512F, another
-// beta, transB, QVD_CONV_GEMM=blas): the caller then uses qvd_sgemm.
+// weight gradient transposes dy instead: qvd_conv_bwd). Returns 0, touching nothing, where it
+// does not apply (no AVX-512F, another beta, transB, QVD_CONV_GEMM=blas): the caller then uses
+// qvd_sgemm.
 int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
                  float beta, float *c, long ldc);
 
@@ -47,8 +48,8 @@ void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, long w, l
 // cols is scratch of c·k·k·oh·ow floats.
 void qvd_conv_fwd(float *y, const float *x, const float *wt, const float *bias, long n, long c,
                   long h, long w, long out, long k, long pad, float *cols);
-// The backward pass of samples [0, n): dw += Σ dy_s · cols_sᵀ and db += Σ dy_s (either may be
-// NULL), dx_s = col2im(wᵀ · dy_s) (dx may be NULL). cols and dcols are scratch of c·k·k·oh·ow,
+// The backward pass of samples [0, n): dw = Σ dy_s · cols_sᵀ (dw, the caller's partial, comes
+// zeroed) and db += Σ dy_s (either may be NULL), dx_s = col2im(wᵀ · dy_s) (dx may be NULL). cols and dcols are scratch of c·k·k·oh·ow,
 // tws of out·(oh·ow + c·k·k) (dw's transposed products, with the AVX-512 kernels). With those
 // kernels and "same" padding, dx is a convolution of dy with the flipped, transposed weights
 // (held in dcols) instead of a product and col2im.
