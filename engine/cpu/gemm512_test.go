@@ -39,14 +39,7 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 		for _, beta := range []float32{0, 1} {
 			name := fmt.Sprintf("transA=%v,transB=%v,%dx%dx%d,beta=%v", c.transA, c.transB, c.m, c.n, c.k, beta)
 			t.Run(name, func(t *testing.T) {
-				ar, ac := c.m, c.k
-				if c.transA {
-					ar, ac = c.k, c.m
-				}
-				br, bc := c.k, c.n
-				if c.transB {
-					br, bc = c.n, c.k
-				}
+				ar, ac, br, bc := operands(c.transA, c.transB, c.m, c.n, c.k)
 				lda, ldb, ldc := ac+3, bc+5, c.n+7
 				a, b := fill(ar*lda), fill(br*ldb)
 				c0 := fill(c.m * ldc)
@@ -146,14 +139,7 @@ func BenchmarkConvGEMM(b *testing.B) {
 		{"conv1-weight-grad", false, true, 32, 9, 784},
 	}
 	for _, s := range shapes {
-		ar, ac := s.m, s.k
-		if s.transA {
-			ar, ac = s.k, s.m
-		}
-		br, bc := s.k, s.n
-		if s.transB {
-			br, bc = s.n, s.k
-		}
+		ar, ac, br, bc := operands(s.transA, s.transB, s.m, s.n, s.k)
 		a, bm, c := make([]float32, ar*ac), make([]float32, br*bc), make([]float32, s.m*s.n)
 		for i := range a {
 			a[i] = float32(i%7) * 0.1
@@ -278,4 +264,16 @@ func normals(rng *rand.Rand) func(n int) []float32 {
 		}
 		return x
 	}
+}
+
+// operands gives the rows and columns of A and B as stored for an m×n×k product.
+func operands(transA, transB bool, m, n, k int) (ar, ac, br, bc int) {
+	ar, ac, br, bc = m, k, k, n
+	if transA {
+		ar, ac = k, m
+	}
+	if transB {
+		br, bc = n, k
+	}
+	return ar, ac, br, bc
 }
