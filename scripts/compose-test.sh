@@ -268,11 +268,20 @@ scenario_split() {
   log "scenario 5: an elastic job (--nodes 1:4, ZeRO stage 1) has worker3 cut off the network"
   export QVD_RUN=split QVD_ARGS="--nodes 1:4 --accum 3 --zero-stage 1 --checkpoint-every 100 --max-steps 2000 --epochs 100 --train-subset 6000 --test-subset 500 --seed 7 --quiet"
   local m="$QVD_RUNS/split/metrics.jsonl" ckdir="$QVD_RUNS/split/checkpoints" start=$SECONDS
-  local victim pid before after t st rec codes log3 late
+  local victim pid before after t st rec codes log3 late first
+  latest_ckpt() { ls "$ckdir" 2>/dev/null | grep -E '^step-[0-9]{8}$' | tail -1 || true; }
   compose up -d --no-build >/dev/null 2>&1
   # Every rank writes its own optimizer shard: worker3's writes are visible before the cut.
   until_within 120 eval 'compgen -G "$ckdir/step-*/optimizer-00003.safetensors" >/dev/null' ||
     dump_fail "no checkpoint with 4 optimizer shards within 120 s"
+  # A save under way at the cut would let worker3 finish the shard it had begun, so the cut
+  # comes just after a checkpoint commits: the next is 100 steps away.
+  first=$(latest_ckpt)
+  t=$SECONDS
+  until [ "$(latest_ckpt)" != "$first" ] && [ -f "$ckdir/$(latest_ckpt)/optimizer-00003.safetensors" ]; do
+    [ $((SECONDS - t)) -lt 60 ] || dump_fail "no checkpoint after $first within 60 s"
+    sleep 0.05
+  done
   victim=$(compose ps -q worker3)
   pid=$(docker inspect -f '{{.State.Pid}}' "$victim")
   before=$(write_bytes "$pid") || fail "cannot read /proc/$pid/io (worker3's process): the test needs the Docker engine on this machine, and root"

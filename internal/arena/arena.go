@@ -93,7 +93,9 @@ func Alloc(n int, c Category) (*Block, error) {
 	huge := size >= hugePage
 	mapLen := size
 	if huge {
-		size = (size + hugePage - 1) &^ (hugePage - 1)
+		// The start is aligned, the length is not rounded up: the kernel backs the whole
+		// 2 MiB ranges with huge pages and the tail with base pages, so a block costs its
+		// size in RSS, not up to 2 MiB more.
 		mapLen = size + hugePage // room to align the start to 2 MiB
 	}
 	base, err := mmap(mapLen)

@@ -9,9 +9,11 @@
 //     small objects only, not to gigabytes of model state;
 //   - freeing a block gives its pages back to the kernel at once (munmap), instead of when
 //     the scavenger gets to them;
-//   - blocks of 2 MiB and more are aligned to 2 MiB and advised MADV_HUGEPAGE, so where the
-//     kernel's transparent huge pages are in "madvise" or "always" mode the optimizer's passes
-//     over hundreds of megabytes take one TLB entry per 2 MiB instead of one per 4 KiB.
+//   - blocks of 2 MiB and more start on a 2 MiB boundary and are advised MADV_HUGEPAGE, so
+//     where the kernel's transparent huge pages are in "madvise" or "always" mode the
+//     optimizer's passes over hundreds of megabytes take one TLB entry per 2 MiB instead of
+//     one per 4 KiB. Their length is not rounded up: the tail past the last whole huge page
+//     is in base pages, so a block costs its size in RSS.
 //
 // Every block carries a Category, and the package keeps the bytes mapped per category and
 // their peak: the accounting the memory monitor, the ZeRO engine's report and the CPU
