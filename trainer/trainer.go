@@ -487,7 +487,7 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 		for _, b := range bs {
 			largest = max(largest, b.Hi-b.Lo)
 		}
-		how := "sized from the model and the world"
+		how := "sized from the model and the world (a 32nd of the model; a 64th for stage 2's staged reduce)"
 		if t.spec.zero.ReduceBucketSize > 0 {
 			how = "zero_optimization.reduce_bucket_size"
 		}

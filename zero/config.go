@@ -9,10 +9,11 @@ type Config struct {
 	OffloadOptimizer OffloadConfig `yaml:"offload_optimizer" json:"offload_optimizer"`
 	// ReduceBucketSize is the number of elements reduced per collective call (the gradient
 	// all-reduce at stages 0-1, the reduce-scatter at stage 2); 0 (the default) sizes it from
-	// the model and the world (AutoBucketElems), and the trainer logs what it chose.
+	// the model, the world and the stage (AutoReduceBucketElems), and the trainer logs what
+	// it chose.
 	ReduceBucketSize int64 `yaml:"reduce_bucket_size" json:"reduce_bucket_size"`
 	// AllgatherBucketSize is the number of elements per parameter all-gather at stages 1-2;
-	// 0 sizes it as ReduceBucketSize.
+	// 0 sizes it from the model and the world (AutoBucketElems).
 	AllgatherBucketSize int64 `yaml:"allgather_bucket_size" json:"allgather_bucket_size"`
 	// OverlapComm reduces each gradient bucket as soon as the backward pass has written it,
 	// while the pass goes on (the default, DeepSpeed's overlap_comm); false reduces them all

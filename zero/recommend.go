@@ -23,7 +23,7 @@ type Job struct {
 // Spec is j's model states at stage and offload with elemBytes-byte working elements (4 for
 // the CPU engine, which stores every format as float32).
 func (j Job) Spec(stage int, offload bool, elemBytes int) Spec {
-	bucket, _ := Config{ReduceBucketSize: j.ReduceBucket}.ResolveBuckets(j.Elems, j.World)
+	bucket, _ := Config{Stage: stage, ReduceBucketSize: j.ReduceBucket}.ResolveBuckets(j.Elems, j.World)
 	return Spec{Elems: j.Elems, World: j.World, Stage: stage, Offload: offload, ElemBytes: elemBytes,
 		FP32: j.FP32, StateElems: j.StateElems, Quantized: j.Quantized, BucketElems: bucket, Accum: j.Accum}
 }

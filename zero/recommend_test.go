@@ -40,8 +40,10 @@ func TestRecommend(t *testing.T) {
 // TestJobSpec: a job's spec at any stage takes the reduce bucket the engine resolves.
 func TestJobSpec(t *testing.T) {
 	j := zero.Job{Elems: 10_000_000, World: 4, StateElems: 2}
-	if got, want := j.Spec(2, true, 2).BucketElems, zero.AutoBucketElems(j.Elems, j.World); got != want {
-		t.Errorf("auto bucket %d, want %d", got, want)
+	for stage := 0; stage <= 2; stage++ {
+		if got, want := j.Spec(stage, true, 2).BucketElems, zero.AutoReduceBucketElems(j.Elems, j.World, stage); got != want {
+			t.Errorf("stage %d: auto bucket %d, want %d", stage, got, want)
+		}
 	}
 	j.ReduceBucket = 1 << 40
 	if got := j.Spec(0, false, 4).BucketElems; got != j.Elems {

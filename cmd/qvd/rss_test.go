@@ -66,7 +66,7 @@ func TestZeroStagesRSS(t *testing.T) {
 	states := func(stage int) float64 {
 		l := model.NewLayout(spec)
 		m, err := zero.Estimate(zero.Spec{Elems: l.Size, World: 4, Stage: stage, ElemBytes: 4, FP32: true, StateElems: stateElems,
-			BucketElems: zero.AutoBucketElems(l.Size, 4), Accum: 1})
+			BucketElems: zero.AutoReduceBucketElems(l.Size, 4, stage), Accum: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
