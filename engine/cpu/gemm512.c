@@ -222,7 +222,13 @@ int qvd_conv_fwd512(float *y, const float *x, const float *wt, const float *bias
 int qvd_gemm512_on(void) { return gemm512_on(); }
 
 void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols) {
-	transpose(dst, ldd, src, lds, rows, cols);
+	if (gemm512_on()) {
+		transpose(dst, ldd, src, lds, rows, cols);
+		return;
+	}
+	// A CPU without AVX-512F (the engine never calls this there; its tests do).
+	for (long i = 0; i < rows; i++)
+		for (long j = 0; j < cols; j++) dst[j * ldd + i] = src[i * lds + j];
 }
 
 int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,
