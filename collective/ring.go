@@ -22,8 +22,8 @@ import (
 // sending, receiving and reducing overlap (the pipelining of Patarasuk & Yuan and NCCL).
 // Close stops both goroutines and waits for them.
 //
-// Flow control. Frames are received into a pool of at most recvBuffers buffers of
-// Config.ChunkBytes. Frames for a call that has not started on this rank yet (its tag is not
+// Flow control. Frames are received into a pool of Config.ChunkBytes buffers, at most
+// recvBuffersFor(ChunkBytes) of them. Frames for a call that has not started on this rank yet (its tag is not
 // registered) are queued, holding their buffers, until it starts; when every buffer is held
 // the dispatcher stops reading from the predecessor, which in turn stalls its sends — the
 // same back-pressure a TCP window gives — rather than buffering without bound. A call whose
@@ -51,7 +51,8 @@ type Ring struct {
 	rank, size         int
 	prev, next         int
 	prevAddr, nextAddr string
-	bufSize            int // bytes of one receive buffer
+	bufSize            int   // bytes of one receive buffer
+	maxBufs            int64 // receive buffers the pool may hold (recvBuffersFor)
 
 	ctx    context.Context // the Ring's lifetime: Recv and abort sends
 	cancel context.CancelFunc
@@ -60,7 +61,7 @@ type Ring struct {
 	wg     sync.WaitGroup
 
 	// free holds idle receive buffers as a stack: the buffer released last is reused first,
-	// while it is still in cache. A FIFO would cycle through all recvBuffers (8 MiB at the
+	// while it is still in cache. A FIFO would cycle through all of them (4 MiB at the
 	// default piece size), so every received piece would land in memory no core had touched
 	// recently. freed wakes a dispatcher waiting for a buffer.
 	freeMu    sync.Mutex
@@ -123,9 +124,14 @@ var _ Communicator = (*Ring)(nil)
 
 const (
 	// recvBuffers bounds the frames a Ring holds: received and not yet applied, or queued for
-	// calls that have not started. 16 pieces (8 MiB at the default 512 KiB) keeps the pipe
-	// full with a few concurrent calls and bounds memory per Ring.
-	recvBuffers = 16
+	// calls that have not started. Within it the pool is held to recvBytes (8 pieces at the
+	// default 512 KiB), but never fewer than minRecvBuffers: that keeps the pipe full with a
+	// few concurrent calls and bounds memory per Ring. 8 MiB of pieces, with the Go heap's
+	// headroom on them, was 10 MiB of every rank's RSS; halving it left the 36.8M MLP's step
+	// within the noise (docs/memory.md).
+	recvBuffers    = 16
+	recvBytes      = 4 << 20
+	minRecvBuffers = 4
 	// ctrlQueue bounds the aborts waiting to be sent. Aborts are an optimisation over the
 	// timeout, so one that does not fit is dropped rather than block the dispatcher.
 	ctrlQueue = 32
@@ -199,12 +205,12 @@ func NewRing(t Transport, cfg Config) (*Ring, error) {
 	r := &Ring{
 		t: t, cfg: cfg, rank: rank, size: size,
 		prev: mod(rank-1, size), next: mod(rank+1, size),
-		bufSize: cfg.ChunkBytes,
-		done:    make(chan struct{}),
-		free:    make([][]byte, 0, recvBuffers),
-		freed:   make(chan struct{}, 1),
-		ctrl:    make(chan abortMsg, ctrlQueue),
-		wake:    make(chan struct{}, 1),
+		bufSize: cfg.ChunkBytes, maxBufs: recvBuffersFor(cfg.ChunkBytes),
+		done:  make(chan struct{}),
+		free:  make([][]byte, 0, recvBuffers),
+		freed: make(chan struct{}, 1),
+		ctrl:  make(chan abortMsg, ctrlQueue),
+		wake:  make(chan struct{}, 1),
 	}
 	r.prevAddr, r.nextAddr = t.Addr(r.prev), t.Addr(r.next)
 	r.direct, _ = t.(DirectReceiver)
@@ -228,6 +234,12 @@ func NewRing(t Transport, cfg Config) (*Ring, error) {
 	return r, nil
 }
 
+// recvBuffersFor is the size of the receive pool for pieces of chunk bytes: recvBytes of
+// them, at least minRecvBuffers and at most recvBuffers.
+func recvBuffersFor(chunk int) int64 {
+	return int64(min(max(recvBytes/max(chunk, 1), minRecvBuffers), recvBuffers))
+}
+
 // Rank is this rank's index in the group.
 func (r *Ring) Rank() int { return r.rank }
 
@@ -235,7 +247,7 @@ func (r *Ring) Rank() int { return r.rank }
 func (r *Ring) Size() int { return r.size }
 
 // BufferBytes reports the bytes of receive and send buffers the Ring holds in its pools, for
-// memory accounting. It grows to at most recvBuffers × ChunkBytes plus one ChunkBytes encode
+// memory accounting. It grows to at most recvBuffersFor(ChunkBytes) pieces plus one encode
 // buffer once a 16-bit wire has been used.
 func (r *Ring) BufferBytes() int64 {
 	return r.nbufs.Load()*int64(r.bufSize) + r.sendBytes.Load()
@@ -599,7 +611,7 @@ func (r *Ring) getBuf() []byte {
 	if b := r.popFree(); b != nil {
 		return b
 	}
-	if r.nbufs.Load() < recvBuffers { // only the dispatcher allocates, so this cannot overshoot
+	if r.nbufs.Load() < r.maxBufs { // only the dispatcher allocates, so this cannot overshoot
 		r.nbufs.Add(1)
 		return alignedBytes(r.bufSize)
 	}

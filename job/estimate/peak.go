@@ -22,7 +22,7 @@ const (
 	runtimeBytes = 48 << 20
 	// commBytes is the collectives' buffers of a worker in a group (chunk buffers, gRPC
 	// windows).
-	commBytes = 10 << 20
+	commBytes = 5 << 20
 	// faultAround is what one first touch of a mapped file brings into a process's resident
 	// set: the kernel maps the neighbouring cached pages too (fault_around_bytes, 64 KiB).
 	faultAround = 64 << 10
