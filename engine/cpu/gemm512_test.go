@@ -225,34 +225,40 @@ func TestConvFwd512MatchesIm2col(t *testing.T) {
 	}
 }
 
-// BenchmarkConvForward is one sample of the shipped CNN's second convolution (32 → 64
-// channels, 14 × 14, 3 × 3): the implicit unfolding against im2col and the product.
+// BenchmarkConvForward is one sample of each of the shipped CNN's convolutions (1 → 32
+// channels, 28 × 28; 32 → 64, 14 × 14; 3 × 3): the implicit unfolding against im2col and the
+// product.
 func BenchmarkConvForward(b *testing.B) {
-	const c, h, w, out, k, pad = 32, 14, 14, 64, 3, 1
-	ckk, hw := c*k*k, h*w
-	x, wt, bias := make([]float32, c*hw), make([]float32, out*ckk), make([]float32, out)
-	y, cols := make([]float32, out*hw), make([]float32, ckk*hw)
-	for i := range x {
-		x[i] = float32(i%9) * 0.1
-	}
-	b.Run("implicit", func(b *testing.B) {
-		if !convFwd512(y, x, wt, bias, c, h, w, out, k, pad, cols) {
-			b.Skip("no AVX-512F")
+	for _, s := range []struct {
+		name            string
+		c, h, w, out, k int
+	}{{"conv1", 1, 28, 28, 32, 3}, {"conv2", 32, 14, 14, 64, 3}} {
+		c, h, w, out, k, pad := s.c, s.h, s.w, s.out, s.k, (s.k-1)/2
+		ckk, hw := c*k*k, h*w
+		x, wt, bias := make([]float32, c*hw), make([]float32, out*ckk), make([]float32, out)
+		y, cols := make([]float32, out*hw), make([]float32, ckk*hw)
+		for i := range x {
+			x[i] = float32(i%9) * 0.1
 		}
-		for b.Loop() {
-			convFwd512(y, x, wt, bias, c, h, w, out, k, pad, cols)
-		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
-	})
-	b.Run("im2col", func(b *testing.B) {
-		for b.Loop() {
-			im2col(cols, x, c, h, w, k, pad)
-			if !sgemm512Bias(out, hw, ckk, wt, ckk, cols, hw, bias, y, hw) {
-				sgemmBLAS(false, false, out, hw, ckk, wt, ckk, cols, hw, 1, y, hw)
+		b.Run(s.name+"/implicit", func(b *testing.B) {
+			if !convFwd512(y, x, wt, bias, c, h, w, out, k, pad, cols) {
+				b.Skip("no AVX-512F")
 			}
-		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
-	})
+			for b.Loop() {
+				convFwd512(y, x, wt, bias, c, h, w, out, k, pad, cols)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+		})
+		b.Run(s.name+"/im2col", func(b *testing.B) {
+			for b.Loop() {
+				im2col(cols, x, c, h, w, k, pad)
+				if !sgemm512Bias(out, hw, ckk, wt, ckk, cols, hw, bias, y, hw) {
+					sgemmBLAS(false, false, out, hw, ckk, wt, ckk, cols, hw, 0, y, hw)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+		})
+	}
 }
 
 // normals returns a maker of slices of standard normal values drawn from rng.
