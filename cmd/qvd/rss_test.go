@@ -22,8 +22,10 @@ import (
 // (fp32 AdamW, micro-batch 16) at stages 0, 1 and 2, and each stage's largest worker
 // high-water RSS (wait4's ru_maxrss, which `qvd launch` prints) is compared. Stage 1 without
 // accumulation and stage 2 hold 7Ψ of model states where stage 0 holds 16Ψ: the RSS must
-// shrink by at least 85% of that, and to at most 0.6× stage 0 (stage 1) and 0.55× (stage 2);
-// and qvd estimate must predict each peak within 15%.
+// shrink by at least 85% of that, and to at most 0.6× stage 0 (stage 1) and 0.52× (stage 2:
+// 0.490–0.499 measured, docs/memory.md; the margin is for the binary's file pages, whose
+// resident share depends on how the page cache was filled); and qvd estimate must predict
+// each peak within 15%.
 func TestZeroStagesRSS(t *testing.T) {
 	needDataset(t)
 	t.Setenv(asQVD, "1")
@@ -95,7 +97,7 @@ func TestZeroStagesRSS(t *testing.T) {
 		if saved < 0.85*want {
 			t.Errorf("stage %d saves %.1f MiB of RSS, less than 85%% of the %.1f MiB of model states it drops", stage, saved/(1<<20), want/(1<<20))
 		}
-		if limit := map[int]float64{1: 0.6, 2: 0.55}[stage]; ratio > limit {
+		if limit := map[int]float64{1: 0.6, 2: 0.52}[stage]; ratio > limit {
 			t.Errorf("stage %d peak RSS is %.3f× stage 0's, more than %.2f×", stage, ratio, limit)
 		}
 	}
