@@ -61,6 +61,13 @@ static inline void shift_bounds(long d, long n, long *lo, long *hi) {
 	if (*hi < *lo) *hi = *lo;
 }
 
+// zero_columns zeroes columns [x0, x1) of rows × ld floats, column by column: the runs are a
+// padding's width (one or two floats), and strided stores are not turned into memset calls.
+static inline void zero_columns(float *m, long ld, long rows, long x0, long x1) {
+	for (long x = x0; x < x1; x++)
+		for (long y = 0; y < rows; y++) m[y * ld + x] = 0;
+}
+
 MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long w, long k, long pad) {
 	const long oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
 	const int same = oh == h && ow == w;
@@ -81,11 +88,10 @@ MULTI void qvd_im2col(float *cols, long ld, const float *x, long c, long h, long
 					for (long t = 0; t < lo; t++) row[t] = 0;
 					for (long t = lo; t < hi; t++) row[t] = plane[t + d];
 					for (long t = hi; t < n; t++) row[t] = 0;
-					for (long oy = 0; oy < oh; oy++) {
-						float *r = row + oy * ow;
-						for (long ox = 0; ox < x0; ox++) r[ox] = 0;
-						for (long ox = x1; ox < ow; ox++) r[ox] = 0;
-					}
+					// The wrapped columns, a column at a time: a row at a time the compiler made
+					// each one- or two-float run a memset call (4% of the CNN's step on a Zen 3).
+					zero_columns(row, ow, oh, 0, x0);
+					zero_columns(row, ow, oh, x1, ow);
 					continue;
 				}
 				for (long oy = 0; oy < oh; oy++) {
@@ -135,10 +141,10 @@ MULTI void qvd_col2im(float *dx, const float *cols, long ld, long c, long h, lon
 					long lo, hi;
 					shift_bounds(d, n, &lo, &hi);
 					for (long t = lo; t < hi; t++) tmp[t] = row[t];
-					for (long oy = lo / ow; oy <= (hi - 1) / ow && hi > lo; oy++) {
-						float *r = tmp + oy * ow;
-						for (long ox = 0; ox < x0; ox++) r[ox] = 0;
-						for (long ox = x1; ox < ow; ox++) r[ox] = 0;
+					if (hi > lo) {
+						const long y0 = lo / ow, y1 = (hi - 1) / ow + 1;
+						zero_columns(tmp + y0 * ow, ow, y1 - y0, 0, x0);
+						zero_columns(tmp + y0 * ow, ow, y1 - y0, x1, ow);
 					}
 					for (long t = lo; t < hi; t++) plane[t + d] += tmp[t];
 					continue;
