@@ -34,6 +34,7 @@ type gemmPass struct {
 	alpha, beta    float32
 	a, b, c        []float32
 	lda, ldb, ldc  int
+	fast           bool // qvd's AVX-512 kernels (qvd_sgemm512) rather than OpenBLAS
 	byRows         bool // blocks of rows of C (else of columns)
 	block          int  // rows or columns per block
 	extent         int  // m or n
@@ -56,37 +57,71 @@ func (g *gemmPass) plan() int {
 	return (g.extent + g.block - 1) / g.block
 }
 
-// Range runs blocks [lo, hi).
+// Range runs blocks [lo, hi): on the AVX-512 kernels as one call (an element's sum does not
+// depend on the tile it falls in), on OpenBLAS one call per block.
 func (g *gemmPass) Range(lo, hi int) {
-	for i := lo; i < hi; i++ {
-		s, e := i*g.block, min((i+1)*g.block, g.extent)
-		if s >= e {
-			continue
-		}
-		a, b, c := g.a, g.b, g.c
-		m, n := g.m, g.n
-		if g.byRows {
-			// Rows [s, e) of C and of op(A).
-			m = e - s
-			if g.transA {
-				a = a[s:] // A is k×m: columns s..e
-			} else {
-				a = a[s*g.lda:]
-			}
-			c = c[s*g.ldc:]
-		} else {
-			// Columns [s, e) of C and of op(B).
-			n = e - s
-			if g.transB {
-				b = b[s*g.ldb:] // B is n×k: rows s..e
-			} else {
-				b = b[s:]
-			}
-			c = c[s:]
-		}
-		C.qvd_sgemm(cbool(g.transA), cbool(g.transB), C.long(m), C.long(n), C.long(g.k), C.float(g.alpha),
-			fptr(a), C.long(g.lda), fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc))
+	if g.fast {
+		g.run(lo*g.block, min(hi*g.block, g.extent))
+		return
 	}
+	for i := lo; i < hi; i++ {
+		g.run(i*g.block, min((i+1)*g.block, g.extent))
+	}
+}
+
+// run computes rows (byRows) or columns [s, e) of C.
+func (g *gemmPass) run(s, e int) {
+	if s >= e {
+		return
+	}
+	a, b, c := g.a, g.b, g.c
+	m, n := g.m, g.n
+	if g.byRows {
+		// Rows [s, e) of C and of op(A).
+		m = e - s
+		if g.transA {
+			a = a[s:] // A is k×m: columns s..e
+		} else {
+			a = a[s*g.lda:]
+		}
+		c = c[s*g.ldc:]
+	} else {
+		// Columns [s, e) of C and of op(B).
+		n = e - s
+		if g.transB {
+			b = b[s*g.ldb:] // B is n×k: rows s..e
+		} else {
+			b = b[s:]
+		}
+		c = c[s:]
+	}
+	if g.fast && C.qvd_sgemm512(cbool(g.transA), 0, C.long(m), C.long(n), C.long(g.k), fptr(a), C.long(g.lda),
+		fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc)) != 0 {
+		return
+	}
+	C.qvd_sgemm(cbool(g.transA), cbool(g.transB), C.long(m), C.long(n), C.long(g.k), C.float(g.alpha),
+		fptr(a), C.long(g.lda), fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc))
+}
+
+// The AVX-512 kernels read B's rows in place, unpacked and without blocking k, and keep an
+// 8 × 32 tile of C in registers over the whole of k. That beats OpenBLAS (here pinned to its
+// AVX2 kernels) 1.2–2.9× where a 32-column strip of B (k × 128 bytes) stays near the core and
+// k is long enough to pay for loading and storing the tile: the MLP's and ViT's products
+// (BenchmarkDenseGEMM). At k 4096 (a 512 KiB strip) OpenBLAS's packing wins 4×, at k 16 its
+// kernel 1.3×.
+const (
+	fastMinK = 32
+	fastMaxK = 1024
+	// fastMinRows is the fewest rows of C for which B is transposed to use the kernels: each
+	// element transposed then serves 2·m flops.
+	fastMinRows = 16
+)
+
+// useFast says whether a product runs on the AVX-512 kernels. It depends on the shape only,
+// never on the thread count, so the bits do not either.
+func useFast(transB bool, m, k int, alpha, beta float32) bool {
+	return C.qvd_gemm512_on() != 0 && alpha == 1 && (beta == 0 || beta == 1) &&
+		k >= fastMinK && k <= fastMaxK && (!transB || m >= fastMinRows)
 }
 
 func cbool(b bool) C.int {
@@ -118,9 +153,20 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 	if A == nil || B == nil || C == nil {
 		return
 	}
+	fast := k > 0 && useFast(transB, m, k, alpha, beta)
+	if fast && transB {
+		// The kernels take B as stored k × n: transpose it into scratch (the MLP's input
+		// gradients, dy·Wᵀ with W stored in × out).
+		bt := d.scratch(3, k*n)
+		if bt == nil {
+			return
+		}
+		C.qvd_transpose512(fptr(bt), C.long(n), fptr(B), C.long(ldb), C.long(n), C.long(k))
+		B, ldb, transB = bt, n, false
+	}
 	g := &d.gemm
 	*g = gemmPass{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha, beta: beta,
-		a: A, b: B, c: C, lda: lda, ldb: ldb, ldc: ldc}
+		a: A, b: B, c: C, lda: lda, ldb: ldb, ldc: ldc, fast: fast}
 	if k == 0 {
 		// sgemm with k 0 is C = beta·C; do it here, where beta 0 must not read C.
 		for i := 0; i < m; i++ {
