@@ -4,7 +4,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Run covers [0,n) exactly once with at most Threads() pieces that respect the grain.
@@ -209,5 +211,37 @@ func TestPoolZeroAllocs(t *testing.T) {
 	r := &scalePass{x: grads, s: 1}
 	if a := testing.AllocsPerRun(20, func() { p.Run(n, 100, r) }); a != 0 {
 		t.Errorf("Run allocates %v times per call", a)
+	}
+}
+
+// A Run waits for every piece whether its workers were polling or parked, and whether the
+// caller's wait outlasts its polling: pieces that take longer than spinFor, and Runs spaced
+// further apart than it.
+func TestRunPollsThenParks(t *testing.T) {
+	p := NewPool(3)
+	defer p.Close()
+	for i, gap := range []time.Duration{0, 3 * spinFor, 0, 5 * spinFor} {
+		time.Sleep(gap)
+		s := &slowPass{done: make([]atomic.Bool, 3), slow: 2 * spinFor * time.Duration(i%2)}
+		p.Run(3, 1, s)
+		for j := range s.done {
+			if !s.done[j].Load() {
+				t.Fatalf("run %d (gap %v, pieces sleeping %v): piece %d not finished when Run returned", i, gap, s.slow, j)
+			}
+		}
+	}
+}
+
+type slowPass struct {
+	done []atomic.Bool
+	slow time.Duration
+}
+
+func (s *slowPass) Range(lo, hi int) {
+	if lo > 0 {
+		time.Sleep(s.slow) // the workers' pieces: the caller's wait outlasts its polling
+	}
+	for i := lo; i < hi; i++ {
+		s.done[i].Store(true)
 	}
 }
