@@ -35,9 +35,10 @@ type votes struct {
 
 // stepTimes is where the step's time went (metrics' phase_seconds): the micro-batches'
 // forward and backward passes (with overlap_comm, the reductions run beside them), the wait
-// for the gradient after them, the time the reductions themselves took, and the optimizer.
+// for the gradient after them, the time the reductions themselves took, and the optimizer
+// (which at ZeRO stages 1-2 includes the parameters' all-gather, also given alone).
 type stepTimes struct {
-	fb, wait, reduction, optimizer float64
+	fb, wait, reduction, optimizer, gather float64
 }
 
 // runStep performs one optimizer step. It reports stop when any rank has been asked to stop
@@ -186,11 +187,12 @@ func (t *Trainer) apply(cctx context.Context, d stepDecision, times *stepTimes) 
 		t.pos.skipped++
 	case actApply:
 		opt := t.beginPhase(memory.PhaseOptimizer)
-		optStart := t.out.clock.Now()
+		optStart, gathBefore := t.out.clock.Now(), t.eng.GatherSeconds()
 		if err := t.stepper.Apply(cctx, float32(d.LR), d.GradScale, d.Scale); err != nil {
 			return fmt.Errorf("step %d: %w", t.pos.step, err)
 		}
 		times.optimizer = t.out.clock.Now().Sub(optStart).Seconds()
+		times.gather = t.eng.GatherSeconds() - gathBefore
 		opt.end()
 	}
 	if t.scaler != nil {
@@ -225,6 +227,9 @@ func (t *Trainer) stepRecord(d stepDecision, st stepStats, times stepTimes) metr
 		rec.Skipped = true
 	case actApply:
 		rec.PhaseSeconds["optimizer"] = times.optimizer
+		if t.spec.zero.Stage > 0 && t.group.world > 1 {
+			rec.PhaseSeconds["param_gather"] = times.gather
+		}
 		rec.LR = d.LR
 		rec.GradNorm = d.Norm
 	}

@@ -128,6 +128,7 @@ type Engine struct {
 	errMu     sync.Mutex
 	commErr   error        // the first failure; later jobs are skipped
 	commNanos atomic.Int64 // time spent in the reductions (CommSeconds)
+	gathNanos atomic.Int64 // time spent in the parameters' all-gathers (GatherSeconds)
 }
 
 // commJob is one bucket for the communication goroutine.
@@ -579,6 +580,10 @@ func (e *Engine) run(j commJob) {
 // started, on the communication goroutine (overlap_comm) or in the backward pass.
 func (e *Engine) CommSeconds() float64 { return time.Duration(e.commNanos.Load()).Seconds() }
 
+// GatherSeconds is the wall time the optimizer steps' all-gathers of the parameters (stages
+// 1-2) have taken since the engine started: the rest of a step's communication.
+func (e *Engine) GatherSeconds() float64 { return time.Duration(e.gathNanos.Load()).Seconds() }
+
 // reduceBucket runs one bucket's collective and files the result: in place in the full
 // gradient at stages 0-1 (with offload, this rank's part copied to the host), into the
 // gradient shard at stage 2.
@@ -735,6 +740,8 @@ func (e *Engine) gatherParams(ctx context.Context) error {
 	if e.world == 1 || e.cfg.Stage == 0 {
 		return nil
 	}
+	start := time.Now()
+	defer func() { e.gathNanos.Add(int64(time.Since(start))) }()
 	for _, b := range e.gather {
 		if err := e.comm.AllGather(ctx, e.params[b.Lo:b.Hi], b.Shards, collective.Call{Wire: e.format}); err != nil {
 			return fmt.Errorf("all-gather of parameters [%d, %d): %w", b.Lo, b.Hi, err)
