@@ -326,3 +326,40 @@ func TestZeroReshardResume(t *testing.T) {
 		t.Fatalf("opening a checkpoint without shard 2: %v", err)
 	}
 }
+
+// TestParamGatherPhase: at stages 1-2 with more than one rank every applied step's metrics
+// give the parameters' all-gather, inside the optimizer phase; at stage 0 (no all-gather) and
+// on one rank they do not.
+func TestParamGatherPhase(t *testing.T) {
+	for _, c := range []struct{ stage, n int }{{0, 2}, {1, 2}, {2, 2}, {2, 1}} {
+		t.Run(fmt.Sprintf("stage%d/N%d", c.stage, c.n), func(t *testing.T) {
+			r := defaultRun()
+			r.cfg.MaxSteps = 3
+			r.setZero(zeroCase{c.stage, false})
+			rec := &recorder{}
+			sinks := make([]MetricsSink, c.n)
+			sinks[0] = rec
+			trainers, _ := r.group(t, c.n, sinks, nil)
+			if _, errs := runAll(context.Background(), trainers); errors.Join(errs...) != nil {
+				t.Fatal(errors.Join(errs...))
+			}
+			steps := 0
+			for _, m := range rec.recs {
+				if m.Kind != metrics.KindTrain || m.Skipped {
+					continue
+				}
+				steps++
+				g, ok := m.PhaseSeconds["param_gather"]
+				if want := c.stage > 0 && c.n > 1; ok != want {
+					t.Fatalf("step %d: param_gather given %v, want %v (phases %v)", m.Step, ok, want, m.PhaseSeconds)
+				}
+				if ok && (g <= 0 || g > m.PhaseSeconds["optimizer"]) {
+					t.Fatalf("step %d: param_gather %g s, optimizer %g s", m.Step, g, m.PhaseSeconds["optimizer"])
+				}
+			}
+			if steps != 3 {
+				t.Fatalf("%d applied steps recorded, want 3", steps)
+			}
+		})
+	}
+}
