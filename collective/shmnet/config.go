@@ -81,8 +81,7 @@ type Config struct {
 	// Spin is how long a Send or Recv that must wait polls the ring (yielding the processor
 	// between polls) before it sleeps on the futex. Waking a sleeper costs a system call on
 	// each side and a few microseconds; spinning longer than a frame takes to copy wastes a
-	// core that a peer may need. 0 sleeps at once; so does a group with more ranks than this
-	// host has processors (runtime.NumCPU), whatever Spin says.
+	// core that a peer may need. 0 sleeps at once.
 	Spin time.Duration
 	// PollInterval is the futex sleep's timeout: how often a sleeping Send or Recv checks its
 	// context and whether the peer still holds its segment's lock (is alive). A peer killed with SIGKILL is

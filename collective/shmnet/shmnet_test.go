@@ -47,22 +47,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestSpinFor(t *testing.T) {
-	for _, tc := range []struct {
-		size, cpus int
-		want       time.Duration
-	}{
-		{2, 2, 50 * time.Microsecond},
-		{2, 16, 50 * time.Microsecond},
-		{3, 2, 0},
-		{4, 2, 0},
-	} {
-		if got := spinFor(50*time.Microsecond, tc.size, tc.cpus); got != tc.want {
-			t.Errorf("spinFor(50µs, %d ranks, %d cpus) = %v, want %v", tc.size, tc.cpus, got, tc.want)
-		}
-	}
-}
-
 func TestGroupValidate(t *testing.T) {
 	secret := make([]byte, 16)
 	for _, tc := range []struct {

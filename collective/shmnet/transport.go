@@ -24,8 +24,16 @@ import (
 
 // transport is one rank's end of a shared-memory group.
 type transport struct {
-	cfg        Config
-	spin       time.Duration // cfg.Spin, or 0 where the ranks outnumber the processors
+	cfg Config
+	// spin is cfg.Spin, oversubscribed or not. Sleeping at once where the ranks outnumber the
+	// processors (the earlier rule: the peer a spinner waits for may be the one it keeps off
+	// the processor) ran a 64 MiB all-reduce of 4 ranks on 2 cores no faster (qvd bench,
+	// 2026-11-25: ~5.2 GB/s busbw either way), while training, whose steps are many small
+	// reductions between compute, lost most of its time to futex wake-ups: the shipped MLP
+	// as 4 ranks on 2 cores ran 7,300-8,000 samples/s sleeping at once against 12,900-13,200
+	// spinning 50 µs (yielding between polls), the 36.8M MLP at stage 2 0.62-0.73 s per step
+	// against 0.55-0.60.
+	spin       time.Duration
 	log        *zap.Logger
 	rank, size int
 	addrs      []string
@@ -77,18 +85,6 @@ type inLink struct {
 	ts     unix.Timespec
 }
 
-// spinFor is the spin window for a group of size ranks on a host with cpus processors: spin
-// only when every rank can have a processor of its own. With more ranks than processors the
-// rank a spinner waits for is usually the one it keeps off the processor: 4 ranks on 2 cores
-// ran a 64 MiB all-reduce about 15% faster sleeping at once than spinning 50 µs, while
-// 2 ranks on 2 cores ran about 25% slower (qvd bench, interleaved, see doc.go).
-func spinFor(spin time.Duration, size, cpus int) time.Duration {
-	if size > cpus {
-		return 0
-	}
-	return spin
-}
-
 // New attaches this rank to the group's segments, waiting up to cfg.AttachTimeout (and ctx)
 // for every peer.
 func New(ctx context.Context, g Group, cfg Config, log *zap.Logger) (collective.Transport, error) {
@@ -113,7 +109,7 @@ func open(ctx context.Context, g Group, cfg Config, log *zap.Logger, pid int) (*
 		return nil, err
 	}
 	t := &transport{
-		cfg: cfg, log: log, rank: g.Rank, size: g.Size, spin: spinFor(cfg.Spin, g.Size, runtime.NumCPU()),
+		cfg: cfg, log: log, rank: g.Rank, size: g.Size, spin: cfg.Spin,
 		peers:    make([]*segment, g.Size),
 		attached: make([]bool, g.Size),
 		in:       make([]*inLink, g.Size),

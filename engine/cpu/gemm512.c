@@ -3,10 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Register-blocked AVX-512 products for the convolutions' per-sample GEMMs.
+// Register-blocked AVX-512 products for the convolutions' per-sample GEMMs, and for the dense
+// layers' products where k is moderate (gemm.go's useFast).
 //
 // The convolutions multiply small matrices that sit in the core's caches (the shipped CNN's
-// second layer: 64×288 weights by 288×196 columns). OpenBLAS runs them with the kernels
+// second layer: 64×288 weights by 288×196 columns), and so do the MLP's layers at batch 64. OpenBLAS runs them with the kernels
 // OPENBLAS_CORETYPE names, AVX2 where the environment pins Haswell, at about half of what
 // the AVX-512 units give on such shapes; these kernels use AVX-512 whatever OpenBLAS was
 // told. They need no packing: B's rows are read in place, the tiles small enough that a block
@@ -27,8 +28,9 @@
 static int gemm512_on(void) {
 	static int v = -1;
 	if (v < 0) {
-		const char *e = getenv("QVD_CONV_GEMM");
-		v = __builtin_cpu_supports("avx512f") && !(e && strcmp(e, "blas") == 0);
+		// QVD_GEMM=blas runs every product on OpenBLAS (QVD_CONV_GEMM, its first name, too).
+		const char *e = getenv("QVD_GEMM"), *c = getenv("QVD_CONV_GEMM");
+		v = __builtin_cpu_supports("avx512f") && !(e && strcmp(e, "blas") == 0) && !(c && strcmp(c, "blas") == 0);
 	}
 	return v;
 }

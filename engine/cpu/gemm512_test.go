@@ -50,7 +50,7 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 					transpose512(bb, ldbb, b, ldb, c.n, c.k)
 				}
 				if !sgemm512(c.transA, false, c.m, c.n, c.k, a, lda, bb, ldbb, beta, got, ldc) {
-					t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas): the convolutions use OpenBLAS")
+					t.Skip("no AVX-512F on this CPU (or QVD_GEMM=blas): the convolutions use OpenBLAS")
 				}
 				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
 				check(t, c.m, c.n, c.k, ldc, got, want, c0)
@@ -108,7 +108,7 @@ func TestSgemm512ComparisonCatches(t *testing.T) {
 	}
 	got := make([]float32, m*n)
 	if !sgemm512(false, false, m, n, k, a, k, b, n, 0, got, n) {
-		t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas)")
+		t.Skip("no AVX-512F on this CPU (or QVD_GEMM=blas)")
 	}
 	for i, v := range got {
 		if v != k {
@@ -238,7 +238,7 @@ func TestConvFwd512MatchesIm2col(t *testing.T) {
 			x, w, bias := fill(s.c*hw), fill(s.out*ckk), fill(s.out)
 			got, cols := fill(s.out*hw), make([]float32, ckk*hw)
 			if !convFwd512(got, x, w, bias, s.c, s.h, s.w, s.out, s.k, pad, cols) {
-				t.Skip("no AVX-512F on this CPU (or QVD_CONV_GEMM=blas)")
+				t.Skip("no AVX-512F on this CPU (or QVD_GEMM=blas)")
 			}
 			im2col(cols, x, s.c, s.h, s.w, s.k, pad)
 			want := make([]float32, s.out*hw)

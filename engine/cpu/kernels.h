@@ -11,10 +11,10 @@ void qvd_sgemm(int transA, int transB, long m, long n, long k, float alpha, cons
                const float *b, long ldb, float beta, float *c, long ldc);
 
 // C (m×n) = beta·C + op(A)·op(B) with AVX-512 register-blocked kernels (gemm512.c), for the
-// small products of a convolution; alpha is 1, beta 0 or 1, and B is not transposed (the
-// weight gradient transposes dy instead: qvd_conv_bwd). Returns 0, touching nothing, where it
-// does not apply (no AVX-512F, another beta, transB, QVD_CONV_GEMM=blas): the caller then uses
-// qvd_sgemm.
+// small products of convolutions and dense layers; alpha is 1, beta 0 or 1, and B is not
+// transposed (the weight gradient transposes dy instead: qvd_conv_bwd; Gemm transposes B into
+// scratch). Returns 0, touching nothing, where it does not apply (no AVX-512F, another beta,
+// transB, QVD_GEMM=blas): the caller then uses qvd_sgemm.
 int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a, long lda, const float *b, long ldb,
                  float beta, float *c, long ldc);
 
@@ -26,7 +26,8 @@ int qvd_sgemm512(int transA, int transB, long m, long n, long k, const float *a,
 int qvd_conv_fwd512(float *y, const float *x, const float *wt, const float *bias, long c, long h, long w, long out,
                     long k, long pad, void *scratch);
 
-// qvd_gemm512_on says whether qvd_sgemm512 runs (AVX-512F, and QVD_CONV_GEMM is not "blas").
+// qvd_gemm512_on says whether qvd_sgemm512 runs (AVX-512F, and neither QVD_GEMM nor
+// QVD_CONV_GEMM is "blas").
 int qvd_gemm512_on(void);
 // dst[j·ldd + i] = src[i·lds + j] for a rows × cols block (16 × 16 AVX-512 tiles where it can).
 void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols);
