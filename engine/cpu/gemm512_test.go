@@ -125,11 +125,7 @@ func TestSgemm512ComparisonCatches(t *testing.T) {
 // BenchmarkConvGEMM compares the AVX-512 kernels with OpenBLAS (the kernels
 // OPENBLAS_CORETYPE selects) on the shipped CNN's per-sample products, one thread.
 func BenchmarkConvGEMM(b *testing.B) {
-	shapes := []struct {
-		name           string
-		transA, transB bool
-		m, n, k        int
-	}{
+	shapes := []gemmShape{
 		{"conv2-forward", false, false, 64, 196, 288},
 		{"conv2-input-grad", true, false, 288, 196, 64},
 		{"conv2-weight-grad", false, true, 64, 288, 196},
@@ -145,11 +141,7 @@ func BenchmarkConvGEMM(b *testing.B) {
 // batch 64, whole (the engine cuts each across its threads): forward x·W (NN), the weight
 // gradient xᵀ·dy (TN) and the input gradient dy·Wᵀ (NT).
 func BenchmarkDenseGEMM(b *testing.B) {
-	benchGEMMShapes(b, []struct {
-		name           string
-		transA, transB bool
-		m, n, k        int
-	}{
+	benchGEMMShapes(b, []gemmShape{
 		{"fc1-forward", false, false, 64, 256, 784},
 		{"fc1-weight-grad", true, false, 784, 256, 64},
 		{"fc2-forward", false, false, 64, 128, 256},
@@ -161,11 +153,14 @@ func BenchmarkDenseGEMM(b *testing.B) {
 	})
 }
 
-func benchGEMMShapes(b *testing.B, shapes []struct {
+// gemmShape is one product of a benchmark: op(A) m×k times op(B) k×n.
+type gemmShape struct {
 	name           string
 	transA, transB bool
 	m, n, k        int
-}) {
+}
+
+func benchGEMMShapes(b *testing.B, shapes []gemmShape) {
 	for _, s := range shapes {
 		ar, ac, br, bc := operands(s.transA, s.transB, s.m, s.n, s.k)
 		a, bm, c := make([]float32, ar*ac), make([]float32, br*bc), make([]float32, s.m*s.n)
