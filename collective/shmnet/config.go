@@ -82,6 +82,14 @@ type Config struct {
 	// between polls) before it sleeps on the futex. Waking a sleeper costs a system call on
 	// each side and a few microseconds; spinning longer than a frame takes to copy wastes a
 	// core that a peer may need. 0 sleeps at once.
+	//
+	// It applies also where the ranks outnumber the processors. Sleeping at once there (the
+	// earlier rule: the peer a spinner waits for may be the one it keeps off the processor)
+	// ran a 64 MiB all-reduce of 4 ranks on 2 cores no faster (qvd bench, 2026-11-25: ~5.2
+	// GB/s busbw either way), while training, whose steps are many small reductions between
+	// compute, lost most of its time to futex wake-ups: the shipped MLP as 4 ranks on 2 cores
+	// ran 7,300-8,000 samples/s sleeping at once against 12,900-13,200 spinning 50 µs, the
+	// 36.8M MLP at stage 2 0.62-0.73 s per step against 0.55-0.60.
 	Spin time.Duration
 	// PollInterval is the futex sleep's timeout: how often a sleeping Send or Recv checks its
 	// context and whether the peer still holds its segment's lock (is alive). A peer killed with SIGKILL is

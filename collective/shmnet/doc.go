@@ -36,7 +36,7 @@
 //
 // Waiting. A Send waiting for room or a Recv waiting for data polls the counter for
 // Config.Spin (also where the group has more ranks than the host has processors: training's
-// many small reductions ran 1.7× faster so, see transport.spin), yielding the processor between
+// many small reductions ran 1.7× faster so, see Config.Spin), yielding the processor between
 // polls, then sets its waiting flag and the
 // counter value it needs and sleeps on a futex word in the control page (FUTEX_WAIT, shared,
 // not private) with a Config.PollInterval timeout. The other side issues FUTEX_WAKE only

@@ -255,11 +255,11 @@ func (t *transport) Await(ctx context.Context, peer int, step uint64, timeout ti
 	seg := t.peers[peer]
 	st := postWord(seg, 0)
 	reached := func() bool { v := st.Load(); return v >= step } // an abort has the top bit: ≥ any step
-	if !reached() && t.spin > 0 {
+	if !reached() && t.cfg.Spin > 0 {
 		start := time.Now()
 		for i := 1; !reached(); i++ {
 			runtime.Gosched()
-			if i%16 == 0 && (time.Since(start) >= t.spin || t.closed.Load()) {
+			if i%16 == 0 && (time.Since(start) >= t.cfg.Spin || t.closed.Load()) {
 				break
 			}
 		}

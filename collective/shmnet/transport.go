@@ -24,16 +24,7 @@ import (
 
 // transport is one rank's end of a shared-memory group.
 type transport struct {
-	cfg Config
-	// spin is cfg.Spin, oversubscribed or not. Sleeping at once where the ranks outnumber the
-	// processors (the earlier rule: the peer a spinner waits for may be the one it keeps off
-	// the processor) ran a 64 MiB all-reduce of 4 ranks on 2 cores no faster (qvd bench,
-	// 2026-11-25: ~5.2 GB/s busbw either way), while training, whose steps are many small
-	// reductions between compute, lost most of its time to futex wake-ups: the shipped MLP
-	// as 4 ranks on 2 cores ran 7,300-8,000 samples/s sleeping at once against 12,900-13,200
-	// spinning 50 µs (yielding between polls), the 36.8M MLP at stage 2 0.62-0.73 s per step
-	// against 0.55-0.60.
-	spin       time.Duration
+	cfg        Config
 	log        *zap.Logger
 	rank, size int
 	addrs      []string
@@ -109,7 +100,7 @@ func open(ctx context.Context, g Group, cfg Config, log *zap.Logger, pid int) (*
 		return nil, err
 	}
 	t := &transport{
-		cfg: cfg, log: log, rank: g.Rank, size: g.Size, spin: cfg.Spin,
+		cfg: cfg, log: log, rank: g.Rank, size: g.Size,
 		peers:    make([]*segment, g.Size),
 		attached: make([]bool, g.Size),
 		in:       make([]*inLink, g.Size),
@@ -612,14 +603,14 @@ func (t *transport) wait(ctx context.Context, peer int, w *waitWord, counter *at
 	if counter.Load() >= want {
 		return nil
 	}
-	if t.spin > 0 {
+	if t.cfg.Spin > 0 {
 		start := time.Now()
 		for i := 1; ; i++ {
 			runtime.Gosched()
 			if counter.Load() >= want {
 				return nil
 			}
-			if i%16 == 0 && (time.Since(start) >= t.spin || t.closed.Load()) {
+			if i%16 == 0 && (time.Since(start) >= t.cfg.Spin || t.closed.Load()) {
 				break
 			}
 		}
