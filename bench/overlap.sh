@@ -5,7 +5,8 @@
 # interleaved. With overlap off each bucket is reduced inside the backward pass, so rank 0's
 # metrics separate the parts: backward alone = forward_backward - reduction; communication
 # alone = reduction + param_gather (the gradient's reduce-scatter and the updated parameters'
-# all-gather: all a stage-2 step sends). With overlap on the step is compared with
+# all-gather: all a stage-2 step sends). With overlap on (the reduce-scatter beside the backward
+# pass, the all-gather beside the next forward pass) the step is compared with
 # max(backward, communication).
 #   bench/overlap.sh [ROUNDS] [STEPS] [TRANSPORT] [LINK]   (default 3 rounds, 25 steps, tcp, loopback)
 # LINK "loopback": the four workers of one `qvd launch --nproc 4` on this host. LINK a tc rate
@@ -74,15 +75,16 @@ run() { # run OVERLAP OUT: rank 0's run directory is OUT
   for p in "${pids[@]}"; do wait "$p" || ok=0; done
   ((ok)) || { tail -n 20 "$2".*log "$2.log"; exit 1; }
 }
-# Medians over the steps after the warm-up: step seconds (global batch / samples_per_sec)
-# and the phases.
+# Medians over the steps after the warm-up: step seconds (the wall time between consecutive
+# step records, what a user sees: with overlap_comm the parameters' all-gather runs under the
+# next step's forward pass, outside the step's own samples_per_sec window) and the phases.
 summarise() { # METRICS
   /usr/bin/python3 - "$1" "$warm" <<'PY'
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"train"' in l]
 recs = recs[int(sys.argv[2]):]
 med = lambda xs: statistics.median(xs)
-step = med([64 / r["samples_per_sec"] for r in recs])
+step = med([b["time"] - a["time"] for a, b in zip(recs, recs[1:])])
 fb = med([r["phase_seconds"]["forward_backward"] for r in recs])
 red = med([r["phase_seconds"].get("reduction", 0) for r in recs])
 gath = med([r["phase_seconds"].get("param_gather", 0) for r in recs])

@@ -69,6 +69,10 @@ type Net struct {
 	onGrad func(g Buf, off int)
 	sink   model.GradSink // the host-memory pass's destination (ForwardBackward), nil otherwise
 	wrote  bool           // a piece went to sink in this pass
+	// waiter is sink as a model.ParamWaiter in a pass that reads the parameters in place;
+	// paramEnd[i] is the end (trainable offset) of the trainable tensors of layers 0..i.
+	waiter   model.ParamWaiter
+	paramEnd []int
 	// dropSeed seeds the next training pass's dropout masks (SetDropoutSeed).
 	dropSeed uint64
 	onesN    int // the longest vector of ones mean pooling needs
@@ -111,13 +115,20 @@ func NewNet(alloc *Allocator, spec *model.Spec, layout *model.Layout, params []f
 		}
 	}
 	n.extent = make([]model.Extent, len(layout.Tensors))
+	n.paramEnd = make([]int, len(spec.Layers))
 	ei := 0
 	exts := layout.Extents()
 	for i, t := range layout.Tensors {
 		if !t.Frozen {
 			n.extent[i] = exts[ei]
 			ei++
+			if t.Layer >= 0 && t.Layer < len(n.paramEnd) {
+				n.paramEnd[t.Layer] = max(n.paramEnd[t.Layer], n.extent[i].Off+n.extent[i].Size)
+			}
 		}
+	}
+	for i := 1; i < len(n.paramEnd); i++ {
+		n.paramEnd[i] = max(n.paramEnd[i], n.paramEnd[i-1])
 	}
 	if opt.Segments > 1 {
 		segs, err := model.Segments(spec, opt.Segments)
@@ -207,6 +218,11 @@ func (n *Net) SyncParams() error {
 	return nil
 }
 
+// ReadsParamsInPlace says the device computes on the host's working weights themselves (a
+// host-memory device in fp32), so a training pass can wait for each layer's parameters as it
+// reaches them (model.LazyParams).
+func (n *Net) ReadsParamsInPlace() bool { return n.viewed && n.adam == nil }
+
 // AsyncUploader is a Device with a copy stream (the CUDA backend): UploadAsync converts src
 // into staging memory before it returns (src may then change) and copies it on the copy
 // stream; WaitUploads makes the compute stream wait for those copies, on the device.
@@ -255,7 +271,10 @@ var ErrBatch = model.ErrBatch
 func (n *Net) ForwardBackward(b *data.Batch, scale float32, sink model.GradSink) (float32, error) {
 	if n.hostm != nil {
 		n.sink, n.wrote = sink, false
-		defer func() { n.sink = nil }()
+		if w, ok := sink.(model.ParamWaiter); ok && n.ReadsParamsInPlace() {
+			n.waiter = w
+		}
+		defer func() { n.sink, n.waiter = nil, nil }()
 		return n.run(b, scale, 0)
 	}
 	loss, err := n.step(b, scale)
@@ -626,6 +645,12 @@ func (n *Net) forwardRange(p *pass, st []layerState, h Buf, lo, hi, rows int) Bu
 	for i := lo; i < hi; i++ {
 		l := n.spec.Layers[i]
 		st[i].in = h
+		if n.waiter != nil {
+			if err := n.waiter.WaitParams(n.paramEnd[i]); err != nil {
+				p.fail(err)
+				return Buf{}
+			}
+		}
 		switch l.Kind {
 		case model.Dense:
 			r := rows * l.Rows()

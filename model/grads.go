@@ -25,6 +25,22 @@ type GradSink interface {
 	Release(lo, hi int) error
 }
 
+// ParamWaiter is a GradSink whose parameters may still be arriving when a pass starts: the
+// ZeRO engine leaves the all-gather of the last step's update running under the next forward
+// pass (zero.Engine.Prefetching). A model that reads the parameters in place calls
+// WaitParams(hi) before a layer reads any trainable parameter below offset hi (in the
+// trainable part); a model that copies them first waits for all of them instead.
+type ParamWaiter interface {
+	WaitParams(hi int) error
+}
+
+// LazyParams is a model that can read its parameters in place as they arrive: its
+// ForwardBackward calls a ParamWaiter sink's WaitParams layer by layer. Where it says false
+// the trainer waits for all of them (and copies them) before the pass.
+type LazyParams interface {
+	ReadsParamsInPlace() bool
+}
+
 // Extent is a trainable tensor's place in the trainable flat space and how its gradient can
 // be produced in parts: whole rows of Row elements (Size when the tensor comes in one piece).
 type Extent struct {

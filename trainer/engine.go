@@ -2,8 +2,10 @@ package trainer
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/qvd/qvd/data"
+	"github.com/qvd/qvd/model"
 	"github.com/qvd/qvd/zero"
 )
 
@@ -14,10 +16,13 @@ import (
 // micro-batch, Reduce, SumSquares, then Apply unless the step is skipped. Every method that
 // takes a context may run collectives, which every rank calls alike.
 type StepEngine interface {
-	// SyncParams makes the model compute with the current weights; called before each step
-	// and evaluation, after whatever wrote them (the optimizer, the first broadcast, a resume).
+	// SyncParams makes the model compute with the current weights, all of them: called before
+	// evaluation and whatever else reads them between steps, after whatever wrote them (the
+	// optimizer, the first broadcast, a resume).
 	SyncParams() error
-	// BeginStep starts a step of accum micro-batches.
+	// BeginStep starts a step of accum micro-batches, with the current weights; where the
+	// model reads them in place, the last step's all-gather may still be arriving under the
+	// forward pass (zero.Engine.Prefetching).
 	BeginStep(accum int) error
 	// Accumulate runs the forward and backward pass of micro-batch b, adding the gradient of
 	// loss×lossMul, and returns the unscaled mean loss. first says no micro-batch of the step
@@ -64,13 +69,23 @@ type hostStep struct {
 var _ StepEngine = (*hostStep)(nil)
 
 func (h *hostStep) SyncParams() error {
+	if err := h.eng.SettleParams(); err != nil {
+		return fmt.Errorf("the parameters' all-gather: %w", err)
+	}
 	if s, ok := h.model.(ParamSyncer); ok {
 		return s.SyncParams()
 	}
 	return nil
 }
 
-func (h *hostStep) BeginStep(accum int) error { return h.eng.BeginStep(accum) }
+func (h *hostStep) BeginStep(accum int) error {
+	if l, ok := h.model.(model.LazyParams); !ok || !l.ReadsParamsInPlace() {
+		if err := h.SyncParams(); err != nil {
+			return err
+		}
+	}
+	return h.eng.BeginStep(accum)
+}
 
 // Accumulate feeds the gradient into the engine as the backward pass produces it: in the
 // last micro-batch at stages 0-1, in every one at stage 2, the engine reduces each bucket

@@ -120,6 +120,9 @@ type outputs struct {
 	mon      *memory.Monitor // nil: no monitor
 	monState monitorState
 	emaStep  float64 // smoothed seconds per step, for ETA
+	// gathMark is the engine's GatherSeconds before the last applied step's optimizer: with
+	// a prefetched all-gather, a step's param_gather is the gather time since.
+	gathMark float64
 	// sinkErr is the first error writing the metrics (or what the sink writes with them: the
 	// log file), or a peer's report of one: the run stops at the next step boundary every rank
 	// agrees on, saves a checkpoint and fails with it.

@@ -38,16 +38,14 @@ type votes struct {
 // for the gradient after them, the time the reductions themselves took, and the optimizer
 // (which at ZeRO stages 1-2 includes the parameters' all-gather, also given alone).
 type stepTimes struct {
-	fb, wait, reduction, optimizer, gather float64
+	fb, wait, reduction, optimizer float64
+	gathered                       float64 // the engine's GatherSeconds between the gradient's reduction and the optimizer
 }
 
 // runStep performs one optimizer step. It reports stop when any rank has been asked to stop
 // (ctx cancelled); collectives run on cctx.
 func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, err error) {
 	start := t.out.clock.Now()
-	if err := t.stepper.SyncParams(); err != nil {
-		return false, fmt.Errorf("step %d: %w", t.pos.step+1, err)
-	}
 	if err := t.stepper.BeginStep(t.cfg.Accum); err != nil {
 		return false, fmt.Errorf("step %d: %w", t.pos.step+1, err)
 	}
@@ -65,6 +63,9 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 		return false, err
 	}
 	times.reduction = t.eng.CommSeconds() - commBefore
+	// The last step's prefetched all-gather has ended by now (SumSquares waits for it), and
+	// this step's has not begun.
+	times.gathered = t.eng.GatherSeconds()
 	d := policy.decide(stats, pre)
 	if t.snap != nil {
 		if err := t.snap.settle(); err != nil {
@@ -86,6 +87,9 @@ func (t *Trainer) runStep(ctx, cctx context.Context, res *Result) (stop bool, er
 	// A stop wins over admitting members: the run ends at this step either way.
 	t.group.regroup = v.regroup && !v.stop
 	if v.adapt {
+		if err := t.stepper.SyncParams(); err != nil {
+			return v.stop, fmt.Errorf("after step %d: %w", t.pos.step, err)
+		}
 		if err := t.halveMicroBatch(); err != nil {
 			return v.stop, fmt.Errorf("after step %d: %w", t.pos.step, err)
 		}
@@ -187,12 +191,11 @@ func (t *Trainer) apply(cctx context.Context, d stepDecision, times *stepTimes) 
 		t.pos.skipped++
 	case actApply:
 		opt := t.beginPhase(memory.PhaseOptimizer)
-		optStart, gathBefore := t.out.clock.Now(), t.eng.GatherSeconds()
+		optStart := t.out.clock.Now()
 		if err := t.stepper.Apply(cctx, float32(d.LR), d.GradScale, d.Scale); err != nil {
 			return fmt.Errorf("step %d: %w", t.pos.step, err)
 		}
 		times.optimizer = t.out.clock.Now().Sub(optStart).Seconds()
-		times.gather = t.eng.GatherSeconds() - gathBefore
 		opt.end()
 	}
 	if t.scaler != nil {
@@ -228,7 +231,13 @@ func (t *Trainer) stepRecord(d stepDecision, st stepStats, times stepTimes) metr
 	case actApply:
 		rec.PhaseSeconds["optimizer"] = times.optimizer
 		if t.spec.zero.Stage > 0 && t.group.world > 1 {
-			rec.PhaseSeconds["param_gather"] = times.gather
+			if t.eng.Prefetching() {
+				// The last applied step's all-gather, which ran under this step's forward pass.
+				rec.PhaseSeconds["param_gather"] = times.gathered - t.out.gathMark
+				t.out.gathMark = times.gathered
+			} else {
+				rec.PhaseSeconds["param_gather"] = t.eng.GatherSeconds() - times.gathered
+			}
 		}
 		rec.LR = d.LR
 		rec.GradNorm = d.Norm

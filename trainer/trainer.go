@@ -522,6 +522,13 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 			if err != nil {
 				return res, t.abortCause(cctx, err)
 			}
+			if !t.nextIsStep(ctx, stop) {
+				// The step's all-gather may still be running under what would have been
+				// the next forward pass: what comes instead reads the weights, or talks.
+				if err := t.stepper.SyncParams(); err != nil {
+					return res, t.abortCause(cctx, fmt.Errorf("after step %d: %w", t.pos.step, err))
+				}
+			}
 			if t.out.sinkErr != nil && (stop || t.group.world == 1) {
 				return t.stopOnSinkError(cctx, res)
 			}
@@ -573,6 +580,19 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 	}
 	t.fill(&res)
 	return res, t.out.sinkErr
+}
+
+// nextIsStep says whether the step loop goes straight on to another step — no checkpoint,
+// snapshot, regrouping, evaluation or stop first — so the parameters' all-gather can go on
+// under its forward pass.
+func (t *Trainer) nextIsStep(ctx context.Context, stop bool) bool {
+	switch {
+	case stop, t.out.sinkErr != nil, t.group.regroup, t.snap != nil, ctx.Err() != nil:
+		return false
+	case t.ckpt.enabled() && t.ckpt.cfg.EverySteps > 0 && t.pos.step%int64(t.ckpt.cfg.EverySteps) == 0:
+		return false
+	}
+	return t.pos.offset+t.spec.global <= len(t.data.perm) && t.pos.step < t.spec.totalSteps
 }
 
 // ErrStopRequested is Run's error when another rank of the group was asked to stop before

@@ -16,8 +16,9 @@ type Config struct {
 	// 0 sizes it from the model and the world (AutoBucketElems).
 	AllgatherBucketSize int64 `yaml:"allgather_bucket_size" json:"allgather_bucket_size"`
 	// OverlapComm reduces each gradient bucket as soon as the backward pass has written it,
-	// while the pass goes on (the default, DeepSpeed's overlap_comm); false reduces them all
-	// after the pass, which is what the overlap is measured against.
+	// while the pass goes on (the default, DeepSpeed's overlap_comm), and at stages 1-2 leaves
+	// the parameters' all-gather running under the next forward pass (Engine.Prefetching);
+	// false does each inside the step, which is what the overlap is measured against.
 	OverlapComm bool `yaml:"overlap_comm" json:"overlap_comm"`
 }
 

@@ -8,7 +8,8 @@
 //     steps the whole optimizer;
 //   - stage 1: gradients are all-reduced, but each rank keeps fp32 master weights and
 //     optimizer moments only for its shard, steps its shard, and the updated parameters are
-//     all-gathered in the working precision;
+//     all-gathered in the working precision (with overlap_comm, under the next forward
+//     pass, which waits for each layer's parameters: Engine.WaitParams);
 //   - stage 2: additionally, each micro-batch's gradient is reduce-scattered bucket by bucket
 //     as soon as it is computed, and each rank keeps only its shard of the gradient
 //     (accumulated across micro-batches in the shard).

@@ -50,10 +50,13 @@ type Options struct {
 // while the pass goes on below (PyTorch DDP's bucketing, DeepSpeed's overlap_comm).
 //
 // The trainer calls, from one goroutine: BeginStep; per micro-batch BeginMicro, the model's
-// forward and backward (which call Cuts, Acquire and Release), EndMicro; then Reduce,
-// SumSquares and Step. Every rank calls them in the same order and the backward pass hands
-// pieces over in decreasing offset order, so every rank issues the same collectives in the
-// same order.
+// forward and backward (which call WaitParams, Cuts, Acquire and Release), EndMicro; then
+// Reduce, SumSquares and Step. Every rank calls them in the same order and the backward pass
+// hands pieces over in decreasing offset order, so every rank issues the same collectives in
+// the same order. Collectives run on two goroutines, never at once: the communication
+// goroutine's (the buckets, a prefetched all-gather) are done before Reduce returns, and the
+// trainer's own (SumSquares, the step's scalars, Gather) come after it or after
+// SettleParams.
 //
 // Where the gradient lives: at stages 0–1 in one full buffer (the pass accumulates into it
 // across micro-batches); at stage 2 only in two bucket-sized staging buffers, which the pass
@@ -129,13 +132,22 @@ type Engine struct {
 	commErr   error        // the first failure; later jobs are skipped
 	commNanos atomic.Int64 // time spent in the reductions (CommSeconds)
 	gathNanos atomic.Int64 // time spent in the parameters' all-gathers (GatherSeconds)
+
+	// The parameters' all-gather prefetched under the next forward pass (prefetching): the
+	// communication goroutine sends one token on gathTok per gather bucket it has finished
+	// (or skipped after a failure); the trainer goroutine takes them in WaitParams.
+	gathTok  chan struct{}
+	gathOut  bool // a prefetched all-gather has buckets whose token is not yet taken
+	gathNext int  // the first gather bucket whose token is not yet taken
 }
 
-// commJob is one bucket for the communication goroutine.
+// commJob is one bucket for the communication goroutine, or the parameters' all-gather
+// (gather).
 type commJob struct {
 	ctx    context.Context
 	bucket int
 	slot   int // stage 2: the staging buffer holding it
+	gather bool
 }
 
 // NewEngine allocates a rank's buffers and optimizer for its shard and starts its
@@ -200,7 +212,8 @@ func NewEngine(o Options) (*Engine, error) {
 	if e.opt, err = optim.NewWithPool(o.Optimizer, e.hi-e.lo, o.Pool); err != nil {
 		return nil, fmt.Errorf("optimizer: %w", err)
 	}
-	e.jobs = make(chan commJob, len(e.reduce))
+	e.jobs = make(chan commJob, len(e.reduce)+1)
+	e.gathTok = make(chan struct{}, len(e.gather))
 	e.stopped.Add(1)
 	go e.communicate()
 	e.writeShard()
@@ -561,8 +574,12 @@ func (e *Engine) communicate() {
 }
 
 // run reduces one bucket (skipped after a failure), releases its staging buffer and accounts
-// the time its collective took.
+// the time its collective took; or runs the parameters' all-gather.
 func (e *Engine) run(j commJob) {
+	if j.gather {
+		e.runGather(j.ctx)
+		return
+	}
 	if e.err() == nil {
 		start := time.Now()
 		if err := e.reduceBucket(j); err != nil {
@@ -687,6 +704,9 @@ func (e *Engine) shardGrads() []float32 {
 // rank holds all of it; with a partitioned one the shards' sums are all-reduced, so every rank
 // makes the same skip and clip decision.
 func (e *Engine) SumSquares(ctx context.Context) (float64, error) {
+	if err := e.SettleParams(); err != nil {
+		return 0, err
+	}
 	if !e.part {
 		return e.pool.SumSquares(e.grads), nil
 	}
@@ -708,11 +728,63 @@ func (e *Engine) SumSquares(ctx context.Context) (float64, error) {
 
 // Step applies the optimizer to this rank's shard (the gradient multiplied by gradScale, the
 // learning rate lr), writes the shard's working-precision parameters, and at stages 1-2
-// all-gathers the parameters so every rank holds the whole updated model.
+// all-gathers the parameters so every rank holds the whole updated model. With overlap_comm
+// the all-gather is left running on the communication goroutine (Prefetching): the next
+// forward pass waits for each layer's parameters (WaitParams), and every other reader for
+// all of them (SettleParams).
 func (e *Engine) Step(ctx context.Context, lr, gradScale float32) error {
+	if err := e.SettleParams(); err != nil {
+		return err
+	}
 	e.opt.Step(e.master, e.shardGrads(), lr, gradScale)
 	e.writeShard()
+	if e.Prefetching() {
+		e.gathOut, e.gathNext = true, 0
+		e.jobs <- commJob{ctx: ctx, gather: true}
+		return nil
+	}
 	return e.gatherParams(ctx)
+}
+
+// Prefetching says whether Step leaves the parameters' all-gather running under the next
+// forward pass (FSDP's forward prefetch): at stages 1-2 in a group, with overlap_comm. The
+// gather buckets go in increasing offset, the order a forward pass reads the layers.
+func (e *Engine) Prefetching() bool {
+	return e.cfg.OverlapComm && e.world > 1 && e.cfg.Stage > 0 && len(e.gather) > 0
+}
+
+// WaitParams waits until the parameters below hi (offsets of the flat space) hold the last
+// Step's values on every rank: the forward pass calls it before each layer
+// (model.ParamWaiter). It returns the communication's first failure.
+func (e *Engine) WaitParams(hi int) error {
+	for e.gathOut && e.gathNext < len(e.gather) && e.gather[e.gathNext].Lo < hi {
+		<-e.gathTok
+		e.gathNext++
+	}
+	if e.gathNext == len(e.gather) {
+		e.gathOut = false
+	}
+	return e.err()
+}
+
+// SettleParams waits for the whole of a prefetched all-gather: what reads the parameters
+// other than a training forward pass (evaluation, checkpoints, snapshots), and whatever
+// issues a collective on the trainer's goroutine, calls it first.
+func (e *Engine) SettleParams() error { return e.WaitParams(math.MaxInt) }
+
+// runGather is a prefetched all-gather on the communication goroutine: bucket by bucket,
+// a token for each (also for those skipped after a failure).
+func (e *Engine) runGather(ctx context.Context) {
+	for _, b := range e.gather {
+		if e.err() == nil {
+			start := time.Now()
+			if err := e.comm.AllGather(ctx, e.params[b.Lo:b.Hi], b.Shards, collective.Call{Wire: e.format}); err != nil {
+				e.fail(fmt.Errorf("all-gather of parameters [%d, %d): %w", b.Lo, b.Hi, err))
+			}
+			e.gathNanos.Add(int64(time.Since(start)))
+		}
+		e.gathTok <- struct{}{}
+	}
 }
 
 // writeShard writes the master shard, rounded to the working precision, into the device
@@ -754,6 +826,9 @@ func (e *Engine) gatherParams(ctx context.Context) error {
 // with fp16/bf16 (the master is sharded and differs from the parameters), so every rank must
 // call it. The result may alias the engine's buffers; treat it as read-only.
 func (e *Engine) FullMaster(ctx context.Context) ([]float32, error) {
+	if err := e.SettleParams(); err != nil {
+		return nil, err
+	}
 	if e.format == half.FP32 {
 		return e.params, nil // equal to the master bit for bit after every step
 	}
@@ -774,6 +849,9 @@ func (e *Engine) Gather(ctx context.Context, shard []float32) ([]float32, error)
 	if len(shard) != e.hi-e.lo {
 		return nil, fmt.Errorf("zero: Gather of %d elements, this rank's shard has %d", len(shard), e.hi-e.lo)
 	}
+	if err := e.SettleParams(); err != nil {
+		return nil, err
+	}
 	full := make([]float32, len(e.params))
 	copy(full[e.lo:e.hi], shard)
 	if e.world > 1 && e.cfg.Stage > 0 {
@@ -792,6 +870,9 @@ func (e *Engine) SetMaster(full []float32) {
 	if len(full) != len(e.params) {
 		panic(fmt.Sprintf("zero: SetMaster with %d elements, the model has %d", len(full), len(e.params)))
 	}
+	// A prefetched all-gather must not write over the new weights; its failure (it wrote
+	// nothing that matters now) is the group's, which the next collective reports.
+	_ = e.SettleParams()
 	copy(e.master, full[e.lo:e.hi])
 	copy(e.params, full)
 	if e.format != half.FP32 {

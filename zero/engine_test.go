@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,6 +165,9 @@ func TestEngineStep(t *testing.T) {
 							}
 						}
 						for r := range world {
+							if err := engines[r].SettleParams(); err != nil {
+								t.Fatal(err)
+							}
 							for i := range want {
 								if math.Abs(float64(params[r][i]-want[i])) > 1e-5 {
 									t.Fatalf("rank %d element %d: %v, want %v", r, i, params[r][i], want[i])
@@ -375,12 +380,147 @@ func TestEngineOverlapOff(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if err := engines[0].SettleParams(); err != nil {
+				t.Fatal(err)
+			}
 			got[k] = params[0]
 		}
 		for i := range got[0] {
 			if math.Float32bits(got[0][i]) != math.Float32bits(got[1][i]) {
 				t.Fatalf("stage %d: element %d is %v with overlap, %v without", stage, i, got[0][i], got[1][i])
 			}
+		}
+	}
+}
+
+// TestEnginePrefetch: with overlap_comm at stages 1-2, Step returns with the parameters'
+// all-gather still running, and a forward pass that waits for each prefix of the flat space
+// (WaitParams) reads exactly the values a synchronous all-gather gives — on every rank, with
+// the gather buckets cut small so that the pass's waits and the gather interleave.
+func TestEnginePrefetch(t *testing.T) {
+	pool := offload.NewPool(2)
+	defer pool.Close()
+	const n, world, steps = 1000, 3, 3
+	for stage := 1; stage <= 2; stage++ {
+		var got [2][][]float32 // [overlap][step]: rank 1's parameters as the pass read them
+		for k, overlap := range []bool{true, false} {
+			cfg := DefaultConfig()
+			cfg.Stage, cfg.ReduceBucketSize, cfg.AllgatherBucketSize, cfg.OverlapComm = stage, 64, 48, overlap
+			comms := ring(t, world)
+			params := make([][]float32, world)
+			engines := make([]*Engine, world)
+			for r := range world {
+				params[r] = make([]float32, n)
+				e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: params[r],
+					Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n), Accum: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				engines[r] = e
+				if e.Prefetching() != overlap {
+					t.Fatalf("stage %d, overlap_comm %v: Prefetching() = %v", stage, overlap, e.Prefetching())
+				}
+			}
+			for s := 0; s < steps; s++ {
+				errs := make([]error, world)
+				seen := make([]float32, n)
+				var wg sync.WaitGroup
+				for r := range world {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						e := engines[r]
+						// The "forward pass": each layer of 100 elements read once its
+						// prefix has arrived, as engine.Net's forwardRange does.
+						for hi := 100; hi <= n; hi += 100 {
+							if err := e.WaitParams(hi); err != nil {
+								errs[r] = err
+								return
+							}
+							if r == 1 {
+								copy(seen[hi-100:hi], params[r][hi-100:hi])
+							}
+						}
+						errs[r] = step(e, r, s, 1, 0.5)
+					}()
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
+				}
+				got[k] = append(got[k], seen)
+			}
+			if overlap && !engines[0].gathOut {
+				t.Fatalf("stage %d: Step did not leave its all-gather to the communication goroutine", stage)
+			}
+			for r := range world {
+				if err := engines[r].SettleParams(); err != nil {
+					t.Fatal(err)
+				}
+				if engines[r].gathOut || len(engines[r].gathTok) != 0 {
+					t.Fatalf("stage %d rank %d: tokens left after SettleParams", stage, r)
+				}
+			}
+		}
+		for s := range steps {
+			for i := range got[0][s] {
+				if math.Float32bits(got[0][s][i]) != math.Float32bits(got[1][s][i]) {
+					t.Fatalf("stage %d step %d: the pass read element %d as %v with prefetch, %v without", stage, s, i, got[0][s][i], got[1][s][i])
+				}
+			}
+		}
+	}
+}
+
+// failGather is a communicator whose all-gathers fail.
+type failGather struct{ collective.Communicator }
+
+func (failGather) AllGather(context.Context, []float32, collective.Shards, collective.Call) error {
+	return errors.New("link down")
+}
+
+// TestEnginePrefetchFailure: a prefetched all-gather that fails is reported by the next
+// WaitParams (the forward pass) and SettleParams, naming the bucket, and Step does not run the
+// optimizer on top of it.
+func TestEnginePrefetchFailure(t *testing.T) {
+	pool := offload.NewPool(2)
+	defer pool.Close()
+	const n, world = 600, 2
+	cfg := DefaultConfig()
+	cfg.Stage, cfg.ReduceBucketSize, cfg.AllgatherBucketSize = 2, 64, 100
+	comms := ring(t, world)
+	engines := make([]*Engine, world)
+	for r := range world {
+		e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: make([]float32, n),
+			Format: half.FP32, Comm: failGather{comms[r]}, Pool: pool, Extents: testExtents(n), Accum: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		engines[r] = e
+	}
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = step(engines[r], r, 0, 1, 0.5) }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("Step failed before its all-gather ran: %v", err)
+	}
+	for r, e := range engines {
+		err := e.WaitParams(50)
+		if err == nil || !strings.Contains(err.Error(), "all-gather of parameters [0,") || !strings.Contains(err.Error(), "link down") {
+			t.Fatalf("rank %d: WaitParams = %v, want the all-gather's failure", r, err)
+		}
+		before := append([]float32(nil), e.Master()...)
+		if err := e.Step(context.Background(), 0.5, 1); err == nil {
+			t.Fatalf("rank %d: Step after a failed all-gather succeeded", r)
+		}
+		if !slices.Equal(before, e.Master()) {
+			t.Fatalf("rank %d: Step ran the optimizer after a failed all-gather", r)
 		}
 	}
 }
