@@ -137,8 +137,9 @@ type Engine struct {
 	// communication goroutine sends one token on gathTok per gather bucket it has finished
 	// (or skipped after a failure); the trainer goroutine takes them in WaitParams.
 	gathTok  chan struct{}
-	gathOut  bool // a prefetched all-gather has buckets whose token is not yet taken
-	gathNext int  // the first gather bucket whose token is not yet taken
+	gathOut  bool  // a prefetched all-gather has buckets whose token is not yet taken
+	gathNext int   // the first gather bucket whose token is not yet taken
+	gathErr  error // the last prefetched all-gather's failure (errMu): the parameters are incomplete until Step or SetMaster
 }
 
 // commJob is one bucket for the communication goroutine, or the parameters' all-gather
@@ -740,6 +741,7 @@ func (e *Engine) Step(ctx context.Context, lr, gradScale float32) error {
 	e.writeShard()
 	if e.Prefetching() {
 		e.gathOut, e.gathNext = true, 0
+		e.setGathErr(nil)
 		e.jobs <- commJob{ctx: ctx, gather: true}
 		return nil
 	}
@@ -755,7 +757,8 @@ func (e *Engine) Prefetching() bool {
 
 // WaitParams waits until the parameters below hi (offsets of the flat space) hold the last
 // Step's values on every rank: the forward pass calls it before each layer
-// (model.ParamWaiter). It returns the communication's first failure.
+// (model.ParamWaiter). It fails if the last prefetched all-gather did (the parameters are
+// then incomplete), not for other failures of the group's communication.
 func (e *Engine) WaitParams(hi int) error {
 	for e.gathOut && e.gathNext < len(e.gather) && e.gather[e.gathNext].Lo < hi {
 		<-e.gathTok
@@ -764,7 +767,9 @@ func (e *Engine) WaitParams(hi int) error {
 	if e.gathNext == len(e.gather) {
 		e.gathOut = false
 	}
-	return e.err()
+	e.errMu.Lock()
+	defer e.errMu.Unlock()
+	return e.gathErr
 }
 
 // SettleParams waits for the whole of a prefetched all-gather: what reads the parameters
@@ -772,16 +777,32 @@ func (e *Engine) WaitParams(hi int) error {
 // issues a collective on the trainer's goroutine, calls it first.
 func (e *Engine) SettleParams() error { return e.WaitParams(math.MaxInt) }
 
+func (e *Engine) setGathErr(err error) {
+	e.errMu.Lock()
+	e.gathErr = err
+	e.errMu.Unlock()
+}
+
 // runGather is a prefetched all-gather on the communication goroutine: bucket by bucket,
-// a token for each (also for those skipped after a failure).
+// a token for each (also for those skipped after a failure, which leave the parameters
+// incomplete).
 func (e *Engine) runGather(ctx context.Context) {
 	for _, b := range e.gather {
-		if e.err() == nil {
+		err := e.err()
+		if err == nil {
 			start := time.Now()
-			if err := e.comm.AllGather(ctx, e.params[b.Lo:b.Hi], b.Shards, collective.Call{Wire: e.format}); err != nil {
-				e.fail(fmt.Errorf("all-gather of parameters [%d, %d): %w", b.Lo, b.Hi, err))
+			if err = e.comm.AllGather(ctx, e.params[b.Lo:b.Hi], b.Shards, collective.Call{Wire: e.format}); err != nil {
+				err = fmt.Errorf("all-gather of parameters [%d, %d): %w", b.Lo, b.Hi, err)
+				e.fail(err)
 			}
 			e.gathNanos.Add(int64(time.Since(start)))
+		}
+		if err != nil {
+			e.errMu.Lock()
+			if e.gathErr == nil {
+				e.gathErr = err
+			}
+			e.errMu.Unlock()
 		}
 		e.gathTok <- struct{}{}
 	}
@@ -870,9 +891,10 @@ func (e *Engine) SetMaster(full []float32) {
 	if len(full) != len(e.params) {
 		panic(fmt.Sprintf("zero: SetMaster with %d elements, the model has %d", len(full), len(e.params)))
 	}
-	// A prefetched all-gather must not write over the new weights; its failure (it wrote
-	// nothing that matters now) is the group's, which the next collective reports.
+	// A prefetched all-gather must not write over the new weights; whether it failed no
+	// longer matters, since they replace all it wrote.
 	_ = e.SettleParams()
+	e.setGathErr(nil)
 	copy(e.master, full[e.lo:e.hi])
 	copy(e.params, full)
 	if e.format != half.FP32 {

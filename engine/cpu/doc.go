@@ -12,7 +12,9 @@
 // AVX-512F the convolutions' products, and the dense layers' where k is between 32 and 1024,
 // run on qvd's own register-blocked kernels (gemm512.c), which use the AVX-512 units whatever
 // kernels OPENBLAS_CORETYPE pins OpenBLAS to (2-3× OpenBLAS's AVX2 ones on the shipped CNN's
-// and MLP's shapes; QVD_GEMM=blas turns them off). The element-wise
+// and MLP's shapes; QVD_GEMM=blas turns them off). Without AVX-512F, AVX2 counterparts
+// (gemm256.c) take the dense products whose sides stay below 1024, where OpenBLAS's packing
+// costs more than it saves. The element-wise
 // kernels are C compiled for AVX-512, AVX2 and baseline x86-64 (kernels.c, picked at load
 // time). fp16 and bf16 buffers hold 2-byte words; operations compute in fp32 and round once
 // when they store, as the CUDA backend does (half.go).

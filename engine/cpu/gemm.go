@@ -34,7 +34,7 @@ type gemmPass struct {
 	alpha, beta    float32
 	a, b, c        []float32
 	lda, ldb, ldc  int
-	fast           bool // qvd's AVX-512 kernels (qvd_sgemm512) rather than OpenBLAS
+	kernel         int  // qvd's kernels (512: qvd_sgemm512, 256: qvd_sgemm256), 0: OpenBLAS
 	byRows         bool // blocks of rows of C (else of columns)
 	block          int  // rows or columns per block
 	extent         int  // m or n
@@ -57,10 +57,10 @@ func (g *gemmPass) plan() int {
 	return (g.extent + g.block - 1) / g.block
 }
 
-// Range runs blocks [lo, hi): on the AVX-512 kernels as one call (an element's sum does not
+// Range runs blocks [lo, hi): on qvd's kernels as one call (an element's sum does not
 // depend on the tile it falls in), on OpenBLAS one call per block.
 func (g *gemmPass) Range(lo, hi int) {
-	if g.fast {
+	if g.kernel != 0 {
 		g.run(lo*g.block, min(hi*g.block, g.extent))
 		return
 	}
@@ -95,8 +95,12 @@ func (g *gemmPass) run(s, e int) {
 		}
 		c = c[s:]
 	}
-	if g.fast && C.qvd_sgemm512(cbool(g.transA), 0, C.long(m), C.long(n), C.long(g.k), fptr(a), C.long(g.lda),
-		fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc)) != 0 {
+	switch {
+	case g.kernel == 512 && C.qvd_sgemm512(cbool(g.transA), 0, C.long(m), C.long(n), C.long(g.k), fptr(a), C.long(g.lda),
+		fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc)) != 0:
+		return
+	case g.kernel == 256 && C.qvd_sgemm256(cbool(g.transA), C.long(m), C.long(n), C.long(g.k), fptr(a), C.long(g.lda),
+		fptr(b), C.long(g.ldb), C.float(g.beta), fptr(c), C.long(g.ldc)) != 0:
 		return
 	}
 	C.qvd_sgemm(cbool(g.transA), cbool(g.transB), C.long(m), C.long(n), C.long(g.k), C.float(g.alpha),
@@ -115,13 +119,30 @@ const (
 	// fastMinRows is the fewest rows of C for which B is transposed to use the kernels: each
 	// element transposed then serves 2·m flops.
 	fastMinRows = 16
+	// fastMaxSide256 bounds m and n for the AVX2 kernels, which have half the registers and
+	// width of the AVX-512 ones and keep up with OpenBLAS's own AVX2 kernels only on small
+	// products: the MLP's at batch 64 (fc2's products 76–89 GFLOP/s against 53–84, one
+	// thread), and above all as the engine runs them, cut in blocks across threads, where
+	// OpenBLAS packs the shared operand again for every block (the MLP trains 25–29% faster
+	// on them). Where one side reaches the thousands OpenBLAS's blocking wins: 47–63 against
+	// 99–101 GFLOP/s on the CNN's 3136-wide dense layer (BenchmarkCNNDenseGEMM).
+	fastMaxSide256 = 1024
 )
 
-// useFast says whether a product runs on the AVX-512 kernels. It depends on the shape only,
+// fastKernel says which of qvd's kernels a product runs on: 512 (AVX-512F), 256 (AVX2 and
+// FMA, where AVX-512F is absent), 0 for OpenBLAS. It depends on the shape and the CPU only,
 // never on the thread count, so the bits do not either.
-func useFast(transB bool, m, k int, alpha, beta float32) bool {
-	return C.qvd_gemm512_on() != 0 && alpha == 1 && (beta == 0 || beta == 1) &&
-		k >= fastMinK && k <= fastMaxK && (!transB || m >= fastMinRows)
+func fastKernel(transB bool, m, n, k int, alpha, beta float32) int {
+	if alpha != 1 || (beta != 0 && beta != 1) || k < fastMinK || k > fastMaxK || (transB && m < fastMinRows) {
+		return 0
+	}
+	switch {
+	case C.qvd_gemm512_on() != 0:
+		return 512
+	case C.qvd_gemm256_on() != 0 && m <= fastMaxSide256 && n <= fastMaxSide256:
+		return 256
+	}
+	return 0
 }
 
 func cbool(b bool) C.int {
@@ -153,20 +174,27 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 	if A == nil || B == nil || C == nil {
 		return
 	}
-	fast := k > 0 && useFast(transB, m, k, alpha, beta)
-	if fast && transB {
+	kernel := 0
+	if k > 0 {
+		kernel = fastKernel(transB, m, n, k, alpha, beta)
+	}
+	if kernel != 0 && transB {
 		// The kernels take B as stored k × n: transpose it into scratch (the MLP's input
 		// gradients, dy·Wᵀ with W stored in × out).
 		bt := d.scratch(3, k*n)
 		if bt == nil {
 			return
 		}
-		C.qvd_transpose512(fptr(bt), C.long(n), fptr(B), C.long(ldb), C.long(n), C.long(k))
+		if kernel == 512 {
+			C.qvd_transpose512(fptr(bt), C.long(n), fptr(B), C.long(ldb), C.long(n), C.long(k))
+		} else {
+			C.qvd_transpose256(fptr(bt), C.long(n), fptr(B), C.long(ldb), C.long(n), C.long(k))
+		}
 		B, ldb, transB = bt, n, false
 	}
 	g := &d.gemm
 	*g = gemmPass{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha, beta: beta,
-		a: A, b: B, c: C, lda: lda, ldb: ldb, ldc: ldc, fast: fast}
+		a: A, b: B, c: C, lda: lda, ldb: ldb, ldc: ldc, kernel: kernel}
 	if k == 0 {
 		// sgemm with k 0 is C = beta·C; do it here, where beta 0 must not read C.
 		for i := 0; i < m; i++ {
@@ -203,6 +231,18 @@ func (d *Device) GemmLD(transA, transB bool, m, n, k int, alpha float32, a engin
 func sgemm512(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) bool {
 	return C.qvd_sgemm512(cbool(transA), cbool(transB), C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda),
 		fptr(b), C.long(ldb), C.float(beta), fptr(c), C.long(ldc)) != 0
+}
+
+// sgemm256 runs qvd_sgemm256 (the dense layers' AVX2 products) on row-major slices; false
+// where it does not apply.
+func sgemm256(transA bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) bool {
+	return C.qvd_sgemm256(cbool(transA), C.long(m), C.long(n), C.long(k), fptr(a), C.long(lda),
+		fptr(b), C.long(ldb), C.float(beta), fptr(c), C.long(ldc)) != 0
+}
+
+// transpose256 is qvd_transpose256.
+func transpose256(dst []float32, ldd int, src []float32, lds, rows, cols int) {
+	C.qvd_transpose256(fptr(dst), C.long(ldd), fptr(src), C.long(lds), C.long(rows), C.long(cols))
 }
 
 // sgemmBLAS is OpenBLAS's product on the same operands (alpha 1).

@@ -153,6 +153,17 @@ func BenchmarkDenseGEMM(b *testing.B) {
 	})
 }
 
+// BenchmarkCNNDenseGEMM: the shipped CNN's dense layer over the flattened convolutions
+// (3136 → 128) at batch 64: k of the forward product is past the kernels' bound, the
+// gradients' are not.
+func BenchmarkCNNDenseGEMM(b *testing.B) {
+	benchGEMMShapes(b, []gemmShape{
+		{"fc1-forward", false, false, 64, 128, 3136},
+		{"fc1-weight-grad", true, false, 3136, 128, 64},
+		{"fc1-input-grad", false, true, 64, 3136, 128},
+	})
+}
+
 // gemmShape is one product of a benchmark: op(A) m×k times op(B) k×n.
 type gemmShape struct {
 	name           string
@@ -180,6 +191,25 @@ func benchGEMMShapes(b *testing.B, shapes []gemmShape) {
 			}
 			for b.Loop() {
 				sgemm512(s.transA, s.transB, s.m, s.n, s.k, a, ac, bm, bc, 0, c, s.n)
+			}
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+		b.Run(s.name+"/avx2", func(b *testing.B) {
+			// NT pays for its transpose of B, as the engine does.
+			bt := make([]float32, s.k*s.n)
+			run := func() bool {
+				bb, ldbb := bm, bc
+				if s.transB {
+					transpose256(bt, s.n, bm, bc, s.n, s.k)
+					bb, ldbb = bt, s.n
+				}
+				return sgemm256(s.transA, s.m, s.n, s.k, a, ac, bb, ldbb, 0, c, s.n)
+			}
+			if !run() {
+				b.Skip("no AVX2 and FMA")
+			}
+			for b.Loop() {
+				run()
 			}
 			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
@@ -305,4 +335,100 @@ func operands(transA, transB bool, m, n, k int) (ar, ac, br, bc int) {
 		br, bc = n, k
 	}
 	return ar, ac, br, bc
+}
+
+// The dense layers' AVX2 products agree with OpenBLAS on the MLP's shapes and on ragged ones
+// (tails of rows and of the 16-column strips, k of 1), NN and TN, beta 0 and 1, NT through
+// the transpose, with leading dimensions wider than the matrices, and write nothing outside
+// C's block. They run on AVX-512 machines too (the engine uses them only without AVX-512F).
+func TestSgemm256MatchesBLAS(t *testing.T) {
+	cases := []struct {
+		transA, transB bool
+		m, n, k        int
+	}{
+		{false, false, 64, 256, 784}, // fc1 forward
+		{true, false, 784, 256, 64},  // fc1 weight gradient
+		{false, true, 64, 256, 128},  // fc2 input gradient
+		{false, false, 64, 10, 128},  // fc3 forward: one ragged strip
+		{false, false, 1, 1, 1},
+		{false, false, 7, 33, 17},
+		{false, false, 5, 8, 3},
+		{false, false, 13, 47, 31},
+		{true, false, 13, 31, 5},
+		{true, false, 6, 16, 16},
+		{false, true, 5, 7, 15},
+		{false, true, 9, 13, 200},
+		{false, true, 17, 40, 50}, // whole 8 × 8 tiles of the transpose and edges on both sides
+	}
+	fill := normals(rand.New(rand.NewPCG(3, 4)))
+	for _, c := range cases {
+		for _, beta := range []float32{0, 1} {
+			name := fmt.Sprintf("transA=%v,transB=%v,%dx%dx%d,beta=%v", c.transA, c.transB, c.m, c.n, c.k, beta)
+			t.Run(name, func(t *testing.T) {
+				ar, ac, br, bc := operands(c.transA, c.transB, c.m, c.n, c.k)
+				lda, ldb, ldc := ac+3, bc+5, c.n+7
+				a, b := fill(ar*lda), fill(br*ldb)
+				c0 := fill(c.m * ldc)
+				got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
+				bb, ldbb := b, ldb
+				if c.transB {
+					bb, ldbb = make([]float32, c.k*c.n), c.n
+					transpose256(bb, ldbb, b, ldb, c.n, c.k)
+				}
+				if !sgemm256(c.transA, c.m, c.n, c.k, a, lda, bb, ldbb, beta, got, ldc) {
+					t.Skip("no AVX2 and FMA on this CPU (or QVD_GEMM=blas)")
+				}
+				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
+				check(t, c.m, c.n, c.k, ldc, got, want, c0)
+			})
+		}
+	}
+}
+
+// The AVX2 comparison catches a product with one term left out, in a whole strip and in a
+// ragged one.
+func TestSgemm256ComparisonCatches(t *testing.T) {
+	const m, n, k = 6, 20, 16
+	a, b := make([]float32, m*k), make([]float32, k*n)
+	for i := range a {
+		a[i] = 1
+	}
+	for i := range b {
+		b[i] = 1
+	}
+	got := make([]float32, m*n)
+	if !sgemm256(false, m, n, k, a, k, b, n, 0, got, n) {
+		t.Skip("no AVX2 and FMA on this CPU (or QVD_GEMM=blas)")
+	}
+	for i, v := range got {
+		if v != k {
+			t.Fatalf("C[%d] = %v, want %d", i, v, k)
+		}
+	}
+	b[3*n+5], b[4*n+18] = 0, 0 // one term of column 5 (whole strip) and of 18 (ragged) gone
+	sgemm256(false, m, n, k, a, k, b, n, 0, got, n)
+	if got[5] != k-1 || got[18] != k-1 || got[4] != k || got[19] != k {
+		t.Fatalf("C[0,4..5] = %v %v, C[0,18..19] = %v %v; want %d %d, %d %d", got[4], got[5], got[18], got[19], k, k-1, k-1, k)
+	}
+}
+
+// transpose256 matches the definition on ragged shapes: whole tiles, edges and both.
+func TestTranspose256(t *testing.T) {
+	for _, sh := range [][2]int{{1, 1}, {8, 8}, {9, 17}, {16, 7}, {64, 196}, {5, 40}} {
+		rows, cols := sh[0], sh[1]
+		lds, ldd := cols+3, rows+5
+		src := make([]float32, rows*lds)
+		for i := range src {
+			src[i] = float32(i)
+		}
+		dst := make([]float32, cols*ldd)
+		transpose256(dst, ldd, src, lds, rows, cols)
+		for i := range rows {
+			for j := range cols {
+				if dst[j*ldd+i] != src[i*lds+j] {
+					t.Fatalf("%dx%d: dst[%d,%d] = %v, want %v", rows, cols, j, i, dst[j*ldd+i], src[i*lds+j])
+				}
+			}
+		}
+	}
 }

@@ -32,6 +32,16 @@ int qvd_gemm512_on(void);
 // dst[j·ldd + i] = src[i·lds + j] for a rows × cols block (16 × 16 AVX-512 tiles where it can).
 void qvd_transpose512(float *dst, long ldd, const float *src, long lds, long rows, long cols);
 
+// C (m×n) = beta·C + op(A)·B with AVX2 register-blocked kernels (gemm256.c), for the dense
+// layers' products on CPUs without AVX-512F; alpha is 1, beta 0 or 1. Returns 0, touching
+// nothing, where it does not apply (no AVX2 and FMA, another beta, QVD_GEMM=blas).
+int qvd_sgemm256(int transA, long m, long n, long k, const float *a, long lda, const float *b, long ldb, float beta,
+                 float *c, long ldc);
+// qvd_gemm256_on says whether qvd_sgemm256 runs (AVX2 and FMA, and QVD_GEMM is not "blas").
+int qvd_gemm256_on(void);
+// qvd_transpose512 in 8 × 8 AVX2 tiles.
+void qvd_transpose256(float *dst, long ldd, const float *src, long lds, long rows, long cols);
+
 // C (m×n) = A·B + bias[row] (a convolution's output with its bias), without a pass over C for
 // the bias. Returns 0 where qvd_sgemm512 would.
 int qvd_sgemm512_bias(long m, long n, long k, const float *a, long lda, const float *b, long ldb, const float *bias,
