@@ -9,12 +9,10 @@ import (
 
 // The convolutions' AVX-512 products agree with OpenBLAS on every form they take, on the
 // shipped CNN's shapes and on ragged ones (tails of rows, columns and k in every tile), with
-// leading dimensions wider than the matrices, and write nothing outside C's block.
+// leading dimensions wider than the matrices, and write nothing outside C's block; so do the
+// products with a bias per row (a convolution's forward pass).
 func TestSgemm512MatchesBLAS(t *testing.T) {
-	cases := []struct {
-		transA, transB bool
-		m, n, k        int
-	}{
+	cases := []gemmCase{
 		{false, false, 64, 196, 288}, // conv2 forward
 		{true, false, 288, 196, 64},  // conv2 input gradient
 		{false, true, 64, 288, 196},  // conv2 weight gradient
@@ -34,7 +32,55 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 		{false, false, 288, 64, 196}, // conv2 weight gradient, transposed: cols · dyᵀ
 		{false, false, 9, 32, 784},   // conv1 weight gradient, transposed
 	}
-	fill := normals(rand.New(rand.NewPCG(1, 2)))
+	kernel := gemmKernel{
+		gemm: func(transA bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) bool {
+			return sgemm512(transA, false, m, n, k, a, lda, b, ldb, beta, c, ldc)
+		},
+		transpose: transpose512,
+		declined:  "no AVX-512F on this CPU (or QVD_GEMM=blas): the convolutions use OpenBLAS",
+	}
+	matchBLAS(t, rand.New(rand.NewPCG(1, 2)), cases, kernel, func(t *testing.T, c gemmCase, a []float32, lda int, b []float32, ldb int, c0 []float32, ldc int) {
+		if c.transA || c.transB {
+			return
+		}
+		// With a bias per row: A·B + bias.
+		fill := normals(rand.New(rand.NewPCG(uint64(c.m), uint64(c.n))))
+		bias := fill(c.m)
+		got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
+		if !sgemm512Bias(c.m, c.n, c.k, a, lda, b, ldb, bias, got, ldc) {
+			t.Fatal("sgemm512Bias declined a product sgemm512 ran")
+		}
+		sgemmBLAS(false, false, c.m, c.n, c.k, a, lda, b, ldb, 0, want, ldc)
+		for i := range c.m {
+			for j := range c.n {
+				want[i*ldc+j] += bias[i]
+			}
+		}
+		check(t, c.m, c.n, c.k, ldc, got, want, c0)
+	})
+}
+
+// gemmCase is one product a kernel is checked on: op(A) m×k times op(B) k×n.
+type gemmCase struct {
+	transA, transB bool
+	m, n, k        int
+}
+
+// gemmKernel is one of qvd's kernels as the tests drive it: the product of A (op'd) and B
+// as stored k × n, the transpose the engine gives it B through for NT, and why it may
+// decline on this CPU.
+type gemmKernel struct {
+	gemm      func(transA bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) bool
+	transpose func(dst []float32, ldd int, src []float32, lds, rows, cols int)
+	declined  string
+}
+
+// matchBLAS checks kernel against OpenBLAS on every case, beta 0 and 1, with leading
+// dimensions wider than the matrices and C's columns past n watched; more, if not nil, runs
+// further checks on each beta-0 case's operands.
+func matchBLAS(t *testing.T, rng *rand.Rand, cases []gemmCase, kernel gemmKernel,
+	more func(t *testing.T, c gemmCase, a []float32, lda int, b []float32, ldb int, c0 []float32, ldc int)) {
+	fill := normals(rng)
 	for _, c := range cases {
 		for _, beta := range []float32{0, 1} {
 			name := fmt.Sprintf("transA=%v,transB=%v,%dx%dx%d,beta=%v", c.transA, c.transB, c.m, c.n, c.k, beta)
@@ -45,30 +91,18 @@ func TestSgemm512MatchesBLAS(t *testing.T) {
 				c0 := fill(c.m * ldc)
 				got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
 				bb, ldbb := b, ldb
-				if c.transB { // the kernels take B itself: through Bᵀ, as the weight gradient does
+				if c.transB { // the kernels take B itself: through Bᵀ, as the engine gives it
 					bb, ldbb = make([]float32, c.k*c.n), c.n
-					transpose512(bb, ldbb, b, ldb, c.n, c.k)
+					kernel.transpose(bb, ldbb, b, ldb, c.n, c.k)
 				}
-				if !sgemm512(c.transA, false, c.m, c.n, c.k, a, lda, bb, ldbb, beta, got, ldc) {
-					t.Skip("no AVX-512F on this CPU (or QVD_GEMM=blas): the convolutions use OpenBLAS")
+				if !kernel.gemm(c.transA, c.m, c.n, c.k, a, lda, bb, ldbb, beta, got, ldc) {
+					t.Skip(kernel.declined)
 				}
 				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
 				check(t, c.m, c.n, c.k, ldc, got, want, c0)
-				if c.transA || c.transB || beta != 0 {
-					return
+				if more != nil && beta == 0 {
+					more(t, c, a, lda, b, ldb, c0, ldc)
 				}
-				// With a bias per row (a convolution's forward pass): A·B + bias.
-				bias := fill(c.m)
-				got = append(got[:0], c0...)
-				if !sgemm512Bias(c.m, c.n, c.k, a, lda, b, ldb, bias, got, ldc) {
-					t.Fatal("sgemm512Bias declined a product sgemm512 ran")
-				}
-				for i := range c.m {
-					for j := range c.n {
-						want[i*ldc+j] += bias[i]
-					}
-				}
-				check(t, c.m, c.n, c.k, ldc, got, want, c0)
 			})
 		}
 	}
@@ -224,7 +258,14 @@ func benchGEMMShapes(b *testing.B, shapes []gemmShape) {
 
 // transpose512 matches the definition on ragged shapes: whole tiles, edges and both.
 func TestTranspose512(t *testing.T) {
-	for _, sh := range [][2]int{{1, 1}, {16, 16}, {17, 33}, {32, 7}, {64, 196}, {5, 40}} {
+	checkTranspose(t, transpose512, [][2]int{{1, 1}, {16, 16}, {17, 33}, {32, 7}, {64, 196}, {5, 40}})
+}
+
+// checkTranspose checks tr on each rows × cols shape, with leading dimensions wider than
+// the blocks and the padding of dst watched.
+func checkTranspose(t *testing.T, tr func(dst []float32, ldd int, src []float32, lds, rows, cols int), shapes [][2]int) {
+	t.Helper()
+	for _, sh := range shapes {
 		rows, cols := sh[0], sh[1]
 		lds, ldd := cols+3, rows+5
 		src := make([]float32, rows*lds)
@@ -235,7 +276,7 @@ func TestTranspose512(t *testing.T) {
 		for i := range dst {
 			dst[i] = -1
 		}
-		transpose512(dst, ldd, src, lds, rows, cols)
+		tr(dst, ldd, src, lds, rows, cols)
 		for j := range cols {
 			for i := range ldd {
 				want := float32(-1)
@@ -342,10 +383,7 @@ func operands(transA, transB bool, m, n, k int) (ar, ac, br, bc int) {
 // the transpose, with leading dimensions wider than the matrices, and write nothing outside
 // C's block. They run on AVX-512 machines too (the engine uses them only without AVX-512F).
 func TestSgemm256MatchesBLAS(t *testing.T) {
-	cases := []struct {
-		transA, transB bool
-		m, n, k        int
-	}{
+	cases := []gemmCase{
 		{false, false, 64, 256, 784}, // fc1 forward
 		{true, false, 784, 256, 64},  // fc1 weight gradient
 		{false, true, 64, 256, 128},  // fc2 input gradient
@@ -360,29 +398,8 @@ func TestSgemm256MatchesBLAS(t *testing.T) {
 		{false, true, 9, 13, 200},
 		{false, true, 17, 40, 50}, // whole 8 × 8 tiles of the transpose and edges on both sides
 	}
-	fill := normals(rand.New(rand.NewPCG(3, 4)))
-	for _, c := range cases {
-		for _, beta := range []float32{0, 1} {
-			name := fmt.Sprintf("transA=%v,transB=%v,%dx%dx%d,beta=%v", c.transA, c.transB, c.m, c.n, c.k, beta)
-			t.Run(name, func(t *testing.T) {
-				ar, ac, br, bc := operands(c.transA, c.transB, c.m, c.n, c.k)
-				lda, ldb, ldc := ac+3, bc+5, c.n+7
-				a, b := fill(ar*lda), fill(br*ldb)
-				c0 := fill(c.m * ldc)
-				got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
-				bb, ldbb := b, ldb
-				if c.transB {
-					bb, ldbb = make([]float32, c.k*c.n), c.n
-					transpose256(bb, ldbb, b, ldb, c.n, c.k)
-				}
-				if !sgemm256(c.transA, c.m, c.n, c.k, a, lda, bb, ldbb, beta, got, ldc) {
-					t.Skip("no AVX2 and FMA on this CPU (or QVD_GEMM=blas)")
-				}
-				sgemmBLAS(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, beta, want, ldc)
-				check(t, c.m, c.n, c.k, ldc, got, want, c0)
-			})
-		}
-	}
+	matchBLAS(t, rand.New(rand.NewPCG(3, 4)), cases,
+		gemmKernel{gemm: sgemm256, transpose: transpose256, declined: "no AVX2 and FMA on this CPU (or QVD_GEMM=blas)"}, nil)
 }
 
 // The AVX2 comparison catches a product with one term left out, in a whole strip and in a
@@ -414,21 +431,5 @@ func TestSgemm256ComparisonCatches(t *testing.T) {
 
 // transpose256 matches the definition on ragged shapes: whole tiles, edges and both.
 func TestTranspose256(t *testing.T) {
-	for _, sh := range [][2]int{{1, 1}, {8, 8}, {9, 17}, {16, 7}, {64, 196}, {5, 40}} {
-		rows, cols := sh[0], sh[1]
-		lds, ldd := cols+3, rows+5
-		src := make([]float32, rows*lds)
-		for i := range src {
-			src[i] = float32(i)
-		}
-		dst := make([]float32, cols*ldd)
-		transpose256(dst, ldd, src, lds, rows, cols)
-		for i := range rows {
-			for j := range cols {
-				if dst[j*ldd+i] != src[i*lds+j] {
-					t.Fatalf("%dx%d: dst[%d,%d] = %v, want %v", rows, cols, j, i, dst[j*ldd+i], src[i*lds+j])
-				}
-			}
-		}
-	}
+	checkTranspose(t, transpose256, [][2]int{{1, 1}, {8, 8}, {9, 17}, {16, 7}, {64, 196}, {5, 40}})
 }
