@@ -36,7 +36,8 @@ type votes struct {
 // stepTimes is where the step's time went (metrics' phase_seconds): the micro-batches'
 // forward and backward passes (with overlap_comm, the reductions run beside them), the wait
 // for the gradient after them, the time the reductions themselves took, and the optimizer
-// (which at ZeRO stages 1-2 includes the parameters' all-gather, also given alone).
+// (which at ZeRO stages 1-2 without overlap_comm includes the parameters' all-gather; with it
+// the gather runs under the next step's forward pass; stepRecord gives it alone either way).
 type stepTimes struct {
 	fb, wait, reduction, optimizer float64
 	gathered                       float64 // the engine's GatherSeconds between the gradient's reduction and the optimizer
