@@ -150,17 +150,7 @@ func TestEngineStep(t *testing.T) {
 								}
 								want[i] -= lr * (sum / float32(world))
 							}
-							errs := make([]error, world)
-							var wg sync.WaitGroup
-							for r := range world {
-								wg.Add(1)
-								go func() {
-									defer wg.Done()
-									errs[r] = step(engines[r], r, s, micro, lr)
-								}()
-							}
-							wg.Wait()
-							if err := errors.Join(errs...); err != nil {
+							if err := onRanks(world, func(r int) error { return step(engines[r], r, s, micro, lr) }); err != nil {
 								t.Fatal(err)
 							}
 						}
@@ -179,6 +169,19 @@ func TestEngineStep(t *testing.T) {
 			}
 		}
 	}
+}
+
+// onRanks runs f for every rank of the group at once, as the ranks' processes would, and
+// joins their errors.
+func onRanks(world int, f func(r int) error) error {
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = f(r) }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // step runs one training step of micro micro-batches on engine e as rank r.
@@ -369,14 +372,7 @@ func TestEngineOverlapOff(t *testing.T) {
 				engines[r] = e
 			}
 			for s := 0; s < 2; s++ {
-				errs := make([]error, world)
-				var wg sync.WaitGroup
-				for r := range world {
-					wg.Add(1)
-					go func() { defer wg.Done(); errs[r] = step(engines[r], r, s, micro, 0.5) }()
-				}
-				wg.Wait()
-				if err := errors.Join(errs...); err != nil {
+				if err := onRanks(world, func(r int) error { return step(engines[r], r, s, micro, 0.5) }); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -423,30 +419,22 @@ func TestEnginePrefetch(t *testing.T) {
 				}
 			}
 			for s := 0; s < steps; s++ {
-				errs := make([]error, world)
 				seen := make([]float32, n)
-				var wg sync.WaitGroup
-				for r := range world {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						e := engines[r]
-						// The "forward pass": each layer of 100 elements read once its
-						// prefix has arrived, as engine.Net's forwardRange does.
-						for hi := 100; hi <= n; hi += 100 {
-							if err := e.WaitParams(hi); err != nil {
-								errs[r] = err
-								return
-							}
-							if r == 1 {
-								copy(seen[hi-100:hi], params[r][hi-100:hi])
-							}
+				err := onRanks(world, func(r int) error {
+					e := engines[r]
+					// The "forward pass": each layer of 100 elements read once its prefix has
+					// arrived, as engine.Net's forwardRange does.
+					for hi := 100; hi <= n; hi += 100 {
+						if err := e.WaitParams(hi); err != nil {
+							return err
 						}
-						errs[r] = step(e, r, s, 1, 0.5)
-					}()
-				}
-				wg.Wait()
-				if err := errors.Join(errs...); err != nil {
+						if r == 1 {
+							copy(seen[hi-100:hi], params[r][hi-100:hi])
+						}
+					}
+					return step(e, r, s, 1, 0.5)
+				})
+				if err != nil {
 					t.Fatal(err)
 				}
 				got[k] = append(got[k], seen)
@@ -500,14 +488,7 @@ func TestEnginePrefetchFailure(t *testing.T) {
 		defer e.Close()
 		engines[r] = e
 	}
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r := range world {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[r] = step(engines[r], r, 0, 1, 0.5) }()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := onRanks(world, func(r int) error { return step(engines[r], r, 0, 1, 0.5) }); err != nil {
 		t.Fatalf("Step failed before its all-gather ran: %v", err)
 	}
 	for r, e := range engines {

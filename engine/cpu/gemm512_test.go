@@ -132,7 +132,15 @@ func check(t *testing.T, m, n, k, ldc int, got, want, c0 []float32) {
 
 // A wrong kernel does not pass: the comparison catches a product with one term left out.
 func TestSgemm512ComparisonCatches(t *testing.T) {
-	const m, n, k = 8, 32, 16
+	checkCatches(t, func(m, n, k int, a, b, c []float32) bool { return sgemm512(false, false, m, n, k, a, k, b, n, 0, c, n) },
+		"no AVX-512F on this CPU (or QVD_GEMM=blas)", 8, 32, 16, []int{5}, []int{4})
+}
+
+// checkCatches runs gemm (C = A·B, A m×k, B k×n, contiguous) on all-ones operands, checks
+// every element is k, then zeroes B[3, j] for each j of dropped and checks that C[0, j]
+// loses that one term while C[0, j] for each j of intact keeps k.
+func checkCatches(t *testing.T, gemm func(m, n, k int, a, b, c []float32) bool, declined string, m, n, k int, dropped, intact []int) {
+	t.Helper()
 	a, b := make([]float32, m*k), make([]float32, k*n)
 	for i := range a {
 		a[i] = 1
@@ -141,18 +149,27 @@ func TestSgemm512ComparisonCatches(t *testing.T) {
 		b[i] = 1
 	}
 	got := make([]float32, m*n)
-	if !sgemm512(false, false, m, n, k, a, k, b, n, 0, got, n) {
-		t.Skip("no AVX-512F on this CPU (or QVD_GEMM=blas)")
+	if !gemm(m, n, k, a, b, got) {
+		t.Skip(declined)
 	}
 	for i, v := range got {
-		if v != k {
+		if v != float32(k) {
 			t.Fatalf("C[%d] = %v, want %d", i, v, k)
 		}
 	}
-	b[3*n+5] = 0 // one term of column 5 gone
-	sgemm512(false, false, m, n, k, a, k, b, n, 0, got, n)
-	if got[5] != k-1 || got[4] != k {
-		t.Fatalf("with B[3,5] = 0: C[0,5] = %v (want %d), C[0,4] = %v (want %d)", got[5], k-1, got[4], k)
+	for _, j := range dropped {
+		b[3*n+j] = 0
+	}
+	gemm(m, n, k, a, b, got)
+	for _, j := range dropped {
+		if got[j] != float32(k-1) {
+			t.Fatalf("with B[3,%d] = 0: C[0,%d] = %v, want %d", j, j, got[j], k-1)
+		}
+	}
+	for _, j := range intact {
+		if got[j] != float32(k) {
+			t.Fatalf("with terms of other columns gone: C[0,%d] = %v, want %d", j, got[j], k)
+		}
 	}
 }
 
@@ -405,28 +422,8 @@ func TestSgemm256MatchesBLAS(t *testing.T) {
 // The AVX2 comparison catches a product with one term left out, in a whole strip and in a
 // ragged one.
 func TestSgemm256ComparisonCatches(t *testing.T) {
-	const m, n, k = 6, 20, 16
-	a, b := make([]float32, m*k), make([]float32, k*n)
-	for i := range a {
-		a[i] = 1
-	}
-	for i := range b {
-		b[i] = 1
-	}
-	got := make([]float32, m*n)
-	if !sgemm256(false, m, n, k, a, k, b, n, 0, got, n) {
-		t.Skip("no AVX2 and FMA on this CPU (or QVD_GEMM=blas)")
-	}
-	for i, v := range got {
-		if v != k {
-			t.Fatalf("C[%d] = %v, want %d", i, v, k)
-		}
-	}
-	b[3*n+5], b[4*n+18] = 0, 0 // one term of column 5 (whole strip) and of 18 (ragged) gone
-	sgemm256(false, m, n, k, a, k, b, n, 0, got, n)
-	if got[5] != k-1 || got[18] != k-1 || got[4] != k || got[19] != k {
-		t.Fatalf("C[0,4..5] = %v %v, C[0,18..19] = %v %v; want %d %d, %d %d", got[4], got[5], got[18], got[19], k, k-1, k-1, k)
-	}
+	checkCatches(t, func(m, n, k int, a, b, c []float32) bool { return sgemm256(false, m, n, k, a, k, b, n, 0, c, n) },
+		"no AVX2 and FMA on this CPU (or QVD_GEMM=blas)", 6, 20, 16, []int{5, 18}, []int{4, 19})
 }
 
 // transpose256 matches the definition on ragged shapes: whole tiles, edges and both.
