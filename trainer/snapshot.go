@@ -153,10 +153,10 @@ type snapMeasure struct {
 	copies, ships []time.Duration // for the log
 }
 
-// record times the cycle that ends at hook h, now, and says whether h takes a snapshot. The
-// cycles that start at a snapshot's hook count as "with"; "without" skips the first cycle
+// record times the cycle that ends at hook h, now. The cycles that start at a snapshot's
+// hook (plan: hooks below snapshotCalibrate) count as "with"; "without" skips the first cycle
 // after them, which the last ship may still share.
-func (m *snapMeasure) record(h int, now time.Time) (snapshot bool) {
+func (m *snapMeasure) record(h int, now time.Time) {
 	if h > 0 {
 		switch c := now.Sub(m.last); {
 		case h <= snapshotCalibrate:
@@ -166,7 +166,6 @@ func (m *snapMeasure) record(h int, now time.Time) (snapshot bool) {
 		}
 	}
 	m.last = now
-	return h < snapshotCalibrate
 }
 
 // newSnapshotter allocates the four snapshot slots outside the Go heap. every is
@@ -229,16 +228,16 @@ func (s *snapshotter) afterStep(ctx context.Context, t *Trainer) error {
 	h := s.hooks
 	s.hooks++
 	step := t.pos.step
-	due := s.taken == 0 || s.every > 0 && step-s.last >= int64(s.every)
+	due, choose := s.plan(h, step)
 	if s.every == 0 {
-		due = s.meas.record(h, time.Now())
+		s.meas.record(h, time.Now())
 	}
 	if s.job != nil && (due || isDone(s.job.done)) {
 		if err := s.await(); err != nil {
 			return err
 		}
 	}
-	if s.every == 0 && h == 2*snapshotCalibrate+1 {
+	if choose {
 		if s.job != nil {
 			if err := s.await(); err != nil {
 				return err
@@ -253,6 +252,23 @@ func (s *snapshotter) afterStep(ctx context.Context, t *Trainer) error {
 		return nil
 	}
 	return s.take(ctx, t)
+}
+
+// plan is afterStep's decision at hook h, after step: whether a snapshot is due, and whether
+// the hook ends SnapshotAuto's calibration (an all-reduce, after which a snapshot may be due).
+func (s *snapshotter) plan(h int, step int64) (due, choose bool) {
+	if s.every == 0 {
+		return h < snapshotCalibrate, h == 2*snapshotCalibrate+1
+	}
+	return s.taken == 0 || step-s.last >= int64(s.every), false
+}
+
+// quiet says whether the next afterStep, after step, neither reads the state nor calls a
+// collective in the step loop, so the parameters' all-gather may go on under the next forward
+// pass (Trainer.nextIsStep). Collecting a finished ship is neither.
+func (s *snapshotter) quiet(step int64) bool {
+	due, choose := s.plan(s.hooks, step)
+	return !due && !choose
 }
 
 func isDone(c chan struct{}) bool {

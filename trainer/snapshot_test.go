@@ -390,3 +390,76 @@ func synthetic784(n int, seed uint64) *data.Dataset {
 	}
 	return d
 }
+
+// TestSnapshotPlan: which hooks take a snapshot or end the calibration, and so which steps
+// let the parameters' all-gather run on under the next forward pass.
+func TestSnapshotPlan(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		every, taken, hook int
+		last, step         int64
+		due, choose, quiet bool
+	}{
+		{name: "first hook", every: 3, hook: 0, step: 1, due: true},
+		{name: "between snapshots", every: 3, taken: 1, hook: 1, last: 1, step: 3, quiet: true},
+		{name: "interval reached", every: 3, taken: 1, hook: 3, last: 1, step: 4, due: true},
+		{name: "past the interval (resumed)", every: 3, taken: 2, hook: 2, last: 4, step: 9, due: true},
+		{name: "every step", every: 1, taken: 5, hook: 5, last: 5, step: 6, due: true},
+		{name: "auto, calibration snapshot", hook: snapshotCalibrate - 1, step: snapshotCalibrate, due: true},
+		{name: "auto, calibration without", taken: snapshotCalibrate, hook: snapshotCalibrate, last: snapshotCalibrate, step: snapshotCalibrate + 1, quiet: true},
+		{name: "auto, last without", taken: snapshotCalibrate, hook: 2 * snapshotCalibrate, last: snapshotCalibrate, step: 2*snapshotCalibrate + 1, quiet: true},
+		{name: "auto, choosing", taken: snapshotCalibrate, hook: 2*snapshotCalibrate + 1, last: snapshotCalibrate, step: 2*snapshotCalibrate + 2, choose: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &snapshotter{every: c.every, taken: c.taken, hooks: c.hook, last: c.last}
+			due, choose := s.plan(c.hook, c.step)
+			if due != c.due || choose != c.choose {
+				t.Fatalf("plan: due %v, choose %v; want %v, %v", due, choose, c.due, c.choose)
+			}
+			if q := s.quiet(c.step); q != c.quiet {
+				t.Fatalf("quiet %v, want %v", q, c.quiet)
+			}
+		})
+	}
+}
+
+// syncRecorder records the steps after which the step loop (or an evaluation) waited for the
+// parameters' all-gather.
+type syncRecorder struct {
+	StepEngine
+	tr    *Trainer
+	steps []int64
+}
+
+func (s *syncRecorder) SyncParams() error {
+	if len(s.steps) == 0 || s.steps[len(s.steps)-1] != s.tr.pos.step {
+		s.steps = append(s.steps, s.tr.pos.step)
+	}
+	return s.StepEngine.SyncParams()
+}
+
+// TestSnapshotKeepsPrefetch: with neighbour snapshots every 3 steps the all-gather is waited
+// for only after the steps whose hook takes one (1, 4) and at the end (7); the steps between
+// leave it to the next forward pass, beside the ship of the last snapshot.
+func TestSnapshotKeepsPrefetch(t *testing.T) {
+	const n = 4
+	r := defaultRun()
+	r.zero.Stage, r.cfg.MicroBatch, r.cfg.MaxSteps = 2, 4, 7
+	trainers, sinks, _ := r.snapGroup(t, n, 3)
+	recs := make([]*syncRecorder, n)
+	for i, tr := range trainers {
+		recs[i] = &syncRecorder{StepEngine: tr.stepper, tr: tr}
+		tr.stepper = recs[i]
+	}
+	if errs := runAndSnap(trainers, sinks); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	for rank, rec := range recs {
+		if want := []int64{1, 4, 7}; !slices.Equal(rec.steps, want) {
+			t.Fatalf("rank %d waited for the all-gather after steps %v, want %v", rank, rec.steps, want)
+		}
+		if s := sinks[rank].snap; len(s.Own) == 0 || s.Own[0].Step != 7 {
+			t.Fatalf("rank %d: newest own snapshot %v, want step 7", rank, s.Own)
+		}
+	}
+}

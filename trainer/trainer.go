@@ -587,7 +587,7 @@ func (t *Trainer) Run(ctx context.Context) (res Result, err error) {
 // under its forward pass.
 func (t *Trainer) nextIsStep(ctx context.Context, stop bool) bool {
 	switch {
-	case stop, t.out.sinkErr != nil, t.group.regroup, t.snap != nil, ctx.Err() != nil:
+	case stop, t.out.sinkErr != nil, t.group.regroup, t.snap != nil && !t.snap.quiet(t.pos.step), ctx.Err() != nil:
 		return false
 	case t.ckpt.enabled() && t.ckpt.cfg.EverySteps > 0 && t.pos.step%int64(t.ckpt.cfg.EverySteps) == 0:
 		return false
