@@ -62,10 +62,12 @@ type inprocLink struct {
 }
 
 type inprocTransport struct {
-	n    *InprocNet
-	rank int
-	once sync.Once
-	done chan struct{} // closed by Close or Kill
+	n        *InprocNet
+	rank     int
+	once     sync.Once
+	done     chan struct{} // closed by Close or Kill
+	killOnce sync.Once
+	dead     chan struct{} // closed by Kill: the frames it sent are lost
 }
 
 // NewInproc returns a connected group of size transports (index = rank) that pass frames
@@ -89,7 +91,7 @@ func NewInproc(size int, seed uint64) (*InprocNet, []Transport) {
 	ts := make([]Transport, size)
 	n.ts = make([]*inprocTransport, size)
 	for r := range size {
-		t := &inprocTransport{n: n, rank: r, done: make(chan struct{})}
+		t := &inprocTransport{n: n, rank: r, done: make(chan struct{}), dead: make(chan struct{})}
 		n.ts[r], ts[r] = t, t
 	}
 	return n, ts
@@ -157,7 +159,9 @@ func (n *InprocNet) changedLocked() {
 // received yet are lost, and Sends to it fail with ErrPeerGone.
 func (n *InprocNet) Kill(rank int) {
 	n.check(rank)
-	n.ts[rank].Close()
+	t := n.ts[rank]
+	t.killOnce.Do(func() { close(t.dead) })
+	t.Close()
 }
 
 // blocked reports whether from→to is cut by the partition, and the channel that is closed
@@ -194,14 +198,21 @@ var inprocAddrs = func() []string {
 	return a
 }()
 
+// Close ends the transport as a process closes its sockets: its own Sends and Recvs return
+// ErrClosed and Sends to it fail with ErrPeerGone, but the frames it sent before are still
+// delivered, as a socket's buffered bytes are before its FIN; a peer's Recv returns
+// ErrPeerGone once none is left. A rank that finished its last collective first may so
+// close while its peers still read its last frames. Kill loses them instead.
 func (t *inprocTransport) Close() error {
 	t.once.Do(func() { close(t.done) })
 	return nil
 }
 
-func (t *inprocTransport) closed() bool {
+func (t *inprocTransport) closed() bool { return isClosed(t.done) }
+
+func isClosed(c chan struct{}) bool {
 	select {
-	case <-t.done:
+	case <-c:
 		return true
 	default:
 		return false
@@ -279,12 +290,21 @@ func (t *inprocTransport) Recv(ctx context.Context, peer int, buf []byte) (Heade
 	defer l.rmu.Unlock()
 	for {
 		// Closing and death win over frames that are ready: a killed peer's queued frames
-		// are lost, as bytes in a dead process's socket buffer are.
+		// are lost, as bytes in a dead process's socket buffer are. A closed peer's are
+		// delivered first.
 		if t.closed() {
 			return Header{}, nil, fmt.Errorf("collective: inproc rank %d: %w", t.rank, ErrClosed)
 		}
-		if src.closed() {
+		if isClosed(src.dead) {
 			return Header{}, nil, t.peerGone(peer)
+		}
+		if !l.hasHead && src.closed() {
+			select {
+			case l.head = <-l.ch:
+				l.hasHead = true
+			default:
+				return Header{}, nil, t.peerGone(peer)
+			}
 		}
 		if !l.hasHead {
 			select {
@@ -298,6 +318,9 @@ func (t *inprocTransport) Recv(ctx context.Context, peer int, buf []byte) (Heade
 			continue
 		}
 		if cut, changed := t.n.blocked(peer, t.rank); cut {
+			if src.closed() { // its frames cannot arrive before it is gone
+				return Header{}, nil, t.peerGone(peer)
+			}
 			select {
 			case <-changed:
 			case <-ctx.Done():
@@ -321,7 +344,7 @@ func (t *inprocTransport) Recv(ctx context.Context, peer int, buf []byte) (Heade
 				l.timer.Stop()
 				return Header{}, nil, ctx.Err()
 			case <-t.done:
-			case <-src.done:
+			case <-src.dead:
 			}
 			l.timer.Stop()
 			continue

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -196,5 +197,53 @@ func TestInprocKill(t *testing.T) {
 	}
 	for _, tr := range ts {
 		tr.Close()
+	}
+}
+
+// TestInprocCloseDeliversSent: a closed rank's frames still reach their receiver, as a
+// socket's buffered bytes do before its FIN, and only then is it gone; a killed rank's are
+// lost.
+func TestInprocCloseDeliversSent(t *testing.T) {
+	collectivetest.CheckGoroutines(t)
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("kill=%v", kill), func(t *testing.T) {
+			net, ts := collective.NewInproc(2, 1)
+			defer func() {
+				for _, tr := range ts {
+					tr.Close()
+				}
+			}()
+			ctx := context.Background()
+			for i := range 2 {
+				if err := ts[0].Send(ctx, 1, dataHeader(uint64(i), 1), []byte{byte(i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if kill {
+				net.Kill(0)
+			} else {
+				ts[0].Close()
+			}
+			buf := make([]byte, 1)
+			for i := range 2 {
+				_, p, err := ts[1].Recv(ctx, 0, buf)
+				if kill {
+					if !errors.Is(err, collective.ErrPeerGone) {
+						t.Fatalf("Recv %d from a killed rank: %v, want ErrPeerGone", i, err)
+					}
+					return
+				}
+				if err != nil || len(p) != 1 || p[0] != byte(i) {
+					t.Fatalf("Recv %d from a closed rank: %v, %v; want its frame %d", i, p, err, i)
+				}
+			}
+			var pe *collective.PeerError
+			if _, _, err := ts[1].Recv(ctx, 0, buf); !errors.As(err, &pe) || pe.Rank != 0 || !errors.Is(err, collective.ErrPeerGone) {
+				t.Fatalf("Recv past a closed rank's last frame: %v, want ErrPeerGone naming rank 0", err)
+			}
+			if err := ts[1].Send(ctx, 0, dataHeader(0, 0), nil); !errors.Is(err, collective.ErrPeerGone) {
+				t.Fatalf("Send to a closed rank: %v, want ErrPeerGone", err)
+			}
+		})
 	}
 }
