@@ -51,8 +51,8 @@ func runAndSnap(trainers []*Trainer, sinks []*captureSink) []error {
 			_, errs[i] = tr.Run(context.Background())
 			sinks[i].snap = tr.Snapshot()
 			if errs[i] != nil {
-				// Not after a success: the in-process transport drops a closed rank's frames
-				// not yet received, as a dead process's would be.
+				// Only a failed rank leaves early; the others' communicators close at the
+				// test's cleanup.
 				sinks[i].closeComm()
 			}
 		}()
