@@ -351,26 +351,14 @@ func TestEngineStepAllocs(t *testing.T) {
 // gives the same bits as reducing them while it runs, at every stage.
 func TestEngineOverlapOff(t *testing.T) {
 	pool := offload.NewPool(2)
-	defer pool.Close()
+	t.Cleanup(func() { pool.Close() }) // after the engines, which sgdGroup closes at cleanup
 	const n, world, micro = 1000, 3, 2
 	for stage := 0; stage <= 2; stage++ {
 		var got [2][]float32
 		for k, overlap := range []bool{true, false} {
 			cfg := DefaultConfig()
 			cfg.Stage, cfg.ReduceBucketSize, cfg.OverlapComm = stage, 64, overlap
-			comms := ring(t, world)
-			params := make([][]float32, world)
-			engines := make([]*Engine, world)
-			for r := range world {
-				params[r] = make([]float32, n)
-				e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: params[r],
-					Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n), Accum: micro})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				engines[r] = e
-			}
+			params, engines := sgdGroup(t, cfg, ring(t, world), pool, n, micro)
 			for s := 0; s < 2; s++ {
 				if err := onRanks(world, func(r int) error { return step(engines[r], r, s, micro, 0.5) }); err != nil {
 					t.Fatal(err)
@@ -389,31 +377,40 @@ func TestEngineOverlapOff(t *testing.T) {
 	}
 }
 
+// sgdGroup builds an fp32 engine per communicator, SGD at lr 0.5 over n parameters (zero)
+// each, closed when the test ends, and returns every rank's parameters and engine.
+func sgdGroup(t *testing.T, cfg Config, comms []collective.Communicator, pool *offload.Pool, n, accum int) ([][]float32, []*Engine) {
+	t.Helper()
+	params := make([][]float32, len(comms))
+	engines := make([]*Engine, len(comms))
+	for r, c := range comms {
+		params[r] = make([]float32, n)
+		e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: params[r],
+			Format: half.FP32, Comm: c, Pool: pool, Extents: testExtents(n), Accum: accum})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		engines[r] = e
+	}
+	return params, engines
+}
+
 // TestEnginePrefetch: with overlap_comm at stages 1-2, Step returns with the parameters'
 // all-gather still running, and a forward pass that waits for each prefix of the flat space
 // (WaitParams) reads exactly the values a synchronous all-gather gives — on every rank, with
 // the gather buckets cut small so that the pass's waits and the gather interleave.
 func TestEnginePrefetch(t *testing.T) {
 	pool := offload.NewPool(2)
-	defer pool.Close()
+	t.Cleanup(func() { pool.Close() }) // after the engines, which sgdGroup closes at cleanup
 	const n, world, steps = 1000, 3, 3
 	for stage := 1; stage <= 2; stage++ {
 		var got [2][][]float32 // [overlap][step]: rank 1's parameters as the pass read them
 		for k, overlap := range []bool{true, false} {
 			cfg := DefaultConfig()
 			cfg.Stage, cfg.ReduceBucketSize, cfg.AllgatherBucketSize, cfg.OverlapComm = stage, 64, 48, overlap
-			comms := ring(t, world)
-			params := make([][]float32, world)
-			engines := make([]*Engine, world)
-			for r := range world {
-				params[r] = make([]float32, n)
-				e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: params[r],
-					Format: half.FP32, Comm: comms[r], Pool: pool, Extents: testExtents(n), Accum: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				engines[r] = e
+			params, engines := sgdGroup(t, cfg, ring(t, world), pool, n, 1)
+			for _, e := range engines {
 				if e.Prefetching() != overlap {
 					t.Fatalf("stage %d, overlap_comm %v: Prefetching() = %v", stage, overlap, e.Prefetching())
 				}
@@ -473,21 +470,15 @@ func (failGather) AllGather(context.Context, []float32, collective.Shards, colle
 // optimizer on top of it.
 func TestEnginePrefetchFailure(t *testing.T) {
 	pool := offload.NewPool(2)
-	defer pool.Close()
+	t.Cleanup(func() { pool.Close() }) // after the engines, which sgdGroup closes at cleanup
 	const n, world = 600, 2
 	cfg := DefaultConfig()
 	cfg.Stage, cfg.ReduceBucketSize, cfg.AllgatherBucketSize = 2, 64, 100
 	comms := ring(t, world)
-	engines := make([]*Engine, world)
-	for r := range world {
-		e, err := NewEngine(Options{Config: cfg, Optimizer: optim.Config{Type: "sgd", LR: 0.5}, Params: make([]float32, n),
-			Format: half.FP32, Comm: failGather{comms[r]}, Pool: pool, Extents: testExtents(n), Accum: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		engines[r] = e
+	for r := range comms {
+		comms[r] = failGather{comms[r]}
 	}
+	_, engines := sgdGroup(t, cfg, comms, pool, n, 1)
 	if err := onRanks(world, func(r int) error { return step(engines[r], r, 0, 1, 0.5) }); err != nil {
 		t.Fatalf("Step failed before its all-gather ran: %v", err)
 	}
